@@ -1,0 +1,60 @@
+"""``embedpool embed``: embed texts and print one JSON object per input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.settings import add_engine_args, from_args, load_embedder
+
+
+def register(sub) -> None:
+    p = sub.add_parser("embed", help="embed texts and print JSON lines",
+                       description="Print {\"index\": i, \"embedding\": [...]} per input "
+                                   "({\"embeddings\": [[...], ...]} for multi-vector poolers).")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed")
+    p.add_argument("--input", metavar="FILE", help="one text per line, or JSON lines with a 'text' field; - for stdin")
+    p.add_argument("--pooler", help="pooler spec, e.g. mean, cls, landmark:g=32, cluster:pool_factor=2")
+    p.add_argument("--role", choices=["query", "document"], default="document")
+    p.add_argument("--dimensions", type=int, help="Matryoshka: keep the first N dimensions")
+    p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def read_lines(stream) -> list[str]:
+    texts = []
+    for n, line in enumerate(stream, 1):
+        line = line.rstrip("\n")
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                if not isinstance(obj.get("text"), str):
+                    raise ValueError(f"line {n}: a JSON line needs a string 'text' field")
+                texts.append(obj["text"])
+                continue
+        texts.append(line)
+    return texts
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = list(args.texts)
+    if args.input == "-":
+        texts += read_lines(sys.stdin)
+    elif args.input:
+        with open(args.input, encoding="utf-8") as f:
+            texts += read_lines(f)
+    settings = from_args(args)
+    embedder = load_embedder(settings)
+    spec = args.pooler or settings.pooler
+    result = embedder.embed(texts, [spec], role=args.role, normalize=not args.no_normalize,
+                            dimensions=args.dimensions)
+    key = "embeddings" if result.multi_vector[spec] else "embedding"
+    out = sys.stdout
+    for i, vec in enumerate(result.vectors[spec]):
+        out.write(json.dumps({"index": i, key: vec.tolist()}) + "\n")
+    return 0

@@ -1,0 +1,64 @@
+"""One settings object for every entry point: CLI flags override ``EMBEDPOOL_*`` environment
+variables, which override the defaults below."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
+
+    # engine
+    model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
+    precision: Literal["fp32", "bf16"] = "fp32"
+    pooler: str = Field("auto", description="default pooler spec; auto = the model's own pooling")
+    max_batch_tokens: int = Field(16384, ge=64, description="token budget of one forward batch")
+    # storage
+    data_dir: str = "./data"
+    backend: Literal["faiss", "milvus"] = "faiss"
+    milvus_uri: str = "./milvus.db"
+    milvus_token: str | None = None
+    # service
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_client_batch: int = Field(512, ge=1, description="most inputs in one request")
+    max_input_chars: int = Field(100_000, ge=1, description="longest single input, in characters")
+    max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long the batcher waits to fill a batch")
+
+
+# Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], help="encoder precision (env EMBEDPOOL_PRECISION)")
+    parser.add_argument("--max-batch-tokens", type=int, help="token budget of one forward batch")
+
+
+def add_storage_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="folder of collections (env EMBEDPOOL_DATA_DIR)")
+    parser.add_argument("--backend", choices=["faiss", "milvus"], help="vector store (env EMBEDPOOL_BACKEND)")
+    parser.add_argument("--milvus-uri", help="Milvus Lite file or http://host:19530 (env EMBEDPOOL_MILVUS_URI)")
+    parser.add_argument("--milvus-token", help="Milvus token (env EMBEDPOOL_MILVUS_TOKEN)")
+
+
+def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Settings from the environment, with every CLI flag that was given on top."""
+    fields = Settings.model_fields
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    return Settings(**{**given, **overrides})
+
+
+def load_embedder(settings: Settings):
+    """The engine for these settings (imported lazily: torch is slow to import)."""
+    from poolers import Embedder, FrozenEncoder
+
+    encoder = FrozenEncoder(settings.model, precision=settings.precision,
+                            max_batch_tokens=settings.max_batch_tokens)
+    return Embedder(encoder, default_pooler=settings.pooler)

@@ -1,0 +1,139 @@
+"""Exact MaxSim (late interaction) scoring and token-vector quantization.
+
+Pure numpy, no I/O. Documents are stored as one contiguous ``[n_tokens, dim]`` array plus
+``offsets`` (``int64 [n_docs + 1]``, ``offsets[0] == 0``): document ``j`` owns the rows
+``offsets[j]:offsets[j + 1]``; every document has at least one row.
+
+MaxSim of a query ``Q [m, dim]`` and a document ``D [n, dim]`` is
+``sum_i max_j <Q_i, D_j>``. :func:`maxsim_scores` computes it for a batch of queries against
+all documents with one matrix product per memory-bounded chunk of documents, a
+``np.maximum.reduceat`` over the document offsets and a ``np.add.reduceat`` over the query
+token offsets -- there is no Python loop over documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+PRECISIONS = ("float32", "float16", "int8")
+
+#: Per-chunk working-set bound of :func:`maxsim_scores` (similarity block + dequantized tokens).
+DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Encode float32 token vectors for storage.
+
+    Args:
+        x: ``float32 [n, dim]``.
+        precision: ``float32`` | ``float16`` | ``int8``. ``int8`` is symmetric scalar
+            quantization with one float32 scale per vector (``max |x| / 127``), which kept
+            MaxSim rankings closer to float32 than a per-dimension scale on MiniLM token
+            states (see bench/index.py).
+
+    Returns:
+        ``(codes, scales)``; ``scales`` is ``float32 [n]`` for ``int8`` and ``None`` otherwise.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if precision == "float32":
+        return np.ascontiguousarray(x), None
+    if precision == "float16":
+        return x.astype(np.float16), None
+    if precision == "int8":
+        amax = np.abs(x).max(axis=1) if x.size else np.zeros(len(x), np.float32)
+        scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+        codes = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
+        return codes, scales
+    raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`quantize`: ``float32 [n, dim]``."""
+    out = np.asarray(codes, dtype=np.float32)
+    if scales is not None:
+        out = out * np.asarray(scales, dtype=np.float32)[:, None]
+    return out
+
+
+def bytes_per_vector(dim: int, precision: str) -> int:
+    """Stored bytes of one token vector (codes plus its scale)."""
+    return {"float32": 4 * dim, "float16": 2 * dim, "int8": dim + 4}[precision]
+
+
+def _stack_queries(queries: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.array([len(q) for q in queries], dtype=np.int64)
+    starts = np.zeros(len(queries), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    stacked = np.concatenate([np.asarray(q, dtype=np.float32) for q in queries], axis=0)
+    return np.ascontiguousarray(stacked), starts
+
+
+def maxsim_scores(
+    queries: Sequence[np.ndarray],
+    vectors: np.ndarray,
+    offsets: np.ndarray,
+    scales: np.ndarray | None = None,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> np.ndarray:
+    """Exact MaxSim of every query against every document.
+
+    Args:
+        queries: ``q`` arrays ``[m_i, dim]`` of query token vectors (``m_i >= 1``).
+        vectors: stored document token vectors ``[n_tokens, dim]`` (float32, float16 or int8 codes).
+        offsets: ``int64 [n_docs + 1]`` document boundaries, strictly increasing, starting at 0.
+        scales: per-token ``float32 [n_tokens]`` int8 scales, or ``None``.
+        chunk_bytes: bound on the per-chunk working set; documents are processed in chunks
+            aligned to document boundaries (a single document larger than the bound is one chunk).
+
+    Returns:
+        ``float32 [q, n_docs]``.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n_docs = len(offsets) - 1
+    if not len(queries):
+        return np.zeros((0, max(n_docs, 0)), dtype=np.float32)
+    q_all, q_starts = _stack_queries(queries)
+    n_q = len(queries)
+    out = np.empty((n_q, n_docs), dtype=np.float32)
+    if n_docs <= 0:
+        return out
+    m, dim = q_all.shape
+    # tokens per chunk: similarity block [T, m] float32 + dequantized tokens [T, dim] float32
+    per_token = 4 * (m + dim)
+    max_tokens = max(1, chunk_bytes // per_token)
+    a = 0
+    while a < n_docs:
+        # largest b with offsets[b] - offsets[a] <= max_tokens (at least one document)
+        b = int(np.searchsorted(offsets, offsets[a] + max_tokens, side="right")) - 1
+        b = min(max(b, a + 1), n_docs)
+        t0, t1 = int(offsets[a]), int(offsets[b])
+        block = vectors[t0:t1]
+        if block.dtype != np.float32:
+            block = block.astype(np.float32)
+        if scales is not None:
+            block = block * np.asarray(scales[t0:t1], dtype=np.float32)[:, None]
+        sim = block @ q_all.T  # [T, m]
+        doc_max = np.maximum.reduceat(sim, offsets[a:b] - t0, axis=0)  # [b - a, m]
+        out[:, a:b] = np.add.reduceat(doc_max, q_starts, axis=1).T  # [q, b - a]
+        a = b
+    return out
+
+
+def gather_docs(
+    vectors: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None, doc_idx: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Copy the token rows of the documents ``doc_idx`` into a new contiguous block.
+
+    Returns ``(vectors, offsets, scales)`` of the sub-collection, documents in ``doc_idx`` order.
+    """
+    doc_idx = np.asarray(doc_idx, dtype=np.int64)
+    starts = offsets[doc_idx]
+    lens = offsets[doc_idx + 1] - starts
+    new_off = np.zeros(len(doc_idx) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    tok = np.repeat(starts - new_off[:-1], lens) + np.arange(new_off[-1], dtype=np.int64)
+    return vectors[tok], new_off, (None if scales is None else scales[tok])
+

@@ -1,0 +1,141 @@
+"""Learned attention pooling: a masked softmax over per-token scores, then the weighted sum.
+
+The head scores every token state with ``queries`` linear scorers. With zero scoring weights
+(no weights file, or a freshly initialised head) every token gets the same weight and the
+output is exactly :class:`poolers.mean.MeanPooler`'s. ``queries=k>1`` gives ``k`` vectors per
+text (a fixed-count multi-vector, PMA-style). An optional value projection (identity at
+initialisation) maps the pooled state.
+
+Weights are a safetensors file with a JSON config beside it (``head.safetensors`` +
+``head.json``), written by ``embedpool train-attention``; ``weights=`` names either file or
+their folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from poolers.base import Pooler, masked_mean, register
+from poolers.states import TokenStates
+
+WEIGHTS_FILE = "head.safetensors"
+CONFIG_FILE = "head.json"
+
+
+class AttentionHead(nn.Module):
+    """Scores tokens and pools them.
+
+    Args:
+        dim: token state size.
+        queries: number of output vectors per text.
+        value_projection: add a ``dim x dim`` linear map of the pooled state, identity at init.
+    """
+
+    def __init__(self, dim: int, queries: int = 1, value_projection: bool = False) -> None:
+        super().__init__()
+        if queries < 1:
+            raise ValueError(f"attention queries must be >= 1, got {queries}")
+        self.dim, self.queries, self.value_projection = dim, queries, value_projection
+        self.score = nn.Linear(dim, queries)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+        self.value = None
+        if value_projection:
+            self.value = nn.Linear(dim, dim)
+            nn.init.eye_(self.value.weight)
+            nn.init.zeros_(self.value.bias)
+
+    def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """``hidden [B,T,D]``, ``mask [B,T]`` -> ``[B, queries, D]``."""
+        scores = self.score(hidden)  # [B,T,Q]
+        scores = scores.masked_fill(~mask.bool().unsqueeze(-1), float("-inf"))
+        # exp(s - max) is exactly 1.0 for constant scores, so zero weights reproduce mean.
+        weights = torch.exp(scores - scores.amax(dim=1, keepdim=True)).nan_to_num(0.0)
+        pooled = torch.stack([masked_mean(hidden, weights[..., q]) for q in range(self.queries)], dim=1)
+        if self.value is not None:
+            pooled = self.value(pooled)
+        return pooled
+
+    def config(self, encoder: str | None = None) -> dict:
+        return {"dim": self.dim, "queries": self.queries,
+                "value_projection": self.value_projection, "encoder": encoder}
+
+    def save(self, path: str | Path, encoder: str | None = None, **extra) -> Path:
+        """Write ``head.safetensors`` + ``head.json`` into folder ``path``."""
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / WEIGHTS_FILE))
+        (folder / CONFIG_FILE).write_text(json.dumps({**self.config(encoder), **extra}, indent=2))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple["AttentionHead", dict]:
+        from safetensors.torch import load_file
+
+        folder = Path(path)
+        if folder.suffix in (".safetensors", ".json"):
+            folder = folder.parent
+        cfg_file, w_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+        if not cfg_file.exists() or not w_file.exists():
+            raise FileNotFoundError(
+                f"attention weights not found: expected {w_file} and {cfg_file} "
+                "(written by `embedpool train-attention --out DIR`)"
+            )
+        cfg = json.loads(cfg_file.read_text())
+        head = cls(int(cfg["dim"]), int(cfg.get("queries", 1)), bool(cfg.get("value_projection", False)))
+        head.load_state_dict(load_file(str(w_file)))
+        return head.eval(), cfg
+
+
+@register
+class AttentionPooler(Pooler):
+    """Learned attention pooling.
+
+    Args:
+        weights: folder (or file) of a trained head; empty for the untrained head (= mean).
+        queries: output vectors per text when no weights are given (1 = single vector).
+    """
+
+    name = "attention"
+    options = {"weights": str, "queries": int}
+    weights = ""
+    queries = 1
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.head_config: dict = {}
+        self.head: AttentionHead | None = None
+        if self.weights:
+            self.head, self.head_config = AttentionHead.load(self.weights)
+            if "queries" in kwargs and kwargs["queries"] != self.head.queries:
+                raise ValueError(f"attention head at {self.weights} has queries={self.head.queries}, "
+                                 f"but the spec asks for queries={kwargs['queries']}")
+            self.queries = self.head.queries
+        elif self.queries < 1:
+            raise ValueError(f"attention queries must be >= 1, got {self.queries}")
+
+    @property
+    def multi_vector(self) -> bool:  # type: ignore[override]
+        return self.queries > 1
+
+    def bind(self, model_id: str | None) -> None:
+        """Refuse a head trained on another encoder."""
+        trained_on = self.head_config.get("encoder")
+        if trained_on and model_id and trained_on != model_id:
+            raise ValueError(f"attention head {self.weights} was trained on encoder {trained_on!r}, "
+                             f"but this encoder is {model_id!r}; train a head for it")
+
+    def pool(self, states: TokenStates) -> Tensor | list[Tensor]:
+        if not states.one_row_per_text:
+            raise ValueError("attention pooling runs on the standard tokenization plan")
+        if self.head is None:
+            self.head = AttentionHead(states.hidden.shape[-1], self.queries).eval()
+        with torch.inference_mode():
+            out = self.head(states.hidden, states.pool_mask)
+        return out[:, 0] if self.queries == 1 else list(out)

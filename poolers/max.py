@@ -1,0 +1,24 @@
+"""Max pooling: the element-wise maximum over token states."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from poolers.base import Pooler, register
+from poolers.states import TokenStates
+
+
+@register
+class MaxPooler(Pooler):
+    """Masked element-wise max over tokens (padding never wins)."""
+
+    name = "max"
+
+    def pool(self, states: TokenStates) -> Tensor:
+        mask = states.pool_mask.bool().unsqueeze(-1)
+        per_row = states.hidden.masked_fill(~mask, float("-inf")).max(dim=1).values
+        if states.one_row_per_text:
+            return per_row
+        out = torch.full((states.n_texts, per_row.shape[-1]), float("-inf"))
+        return out.index_reduce_(0, states.text_index, per_row, "amax")

@@ -1,0 +1,31 @@
+"""Mean pooling: the masked average of token states, as sentence-transformers computes it."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from poolers.base import Pooler, masked_mean, register, rows_to_texts
+from poolers.states import TokenStates
+
+
+@register
+class MeanPooler(Pooler):
+    """Masked mean over tokens.
+
+    Args:
+        include_special: average over ``[CLS]``/``[SEP]`` too (default, as sentence-transformers
+            does); ``false`` averages over the text's own tokens only.
+    """
+
+    name = "mean"
+    options = {"include_special": bool}
+    include_special = True
+
+    def weights(self, states: TokenStates) -> Tensor:
+        if self.include_special:
+            return states.pool_mask
+        return states.pool_mask * (1 - states.special_tokens_mask)
+
+    def pool(self, states: TokenStates) -> Tensor:
+        w = self.weights(states)
+        return rows_to_texts(masked_mean(states.hidden, w), states, w)

@@ -1,0 +1,140 @@
+"""The pipeline: one forward pass per tokenization plan, every requested pooler applied to it,
+then post-processing (Matryoshka ``dimensions``, normalization)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from poolers.base import Pooler, build_pooler
+from poolers.encoder import FrozenEncoder, Plan
+
+ROLES = ("query", "document")
+
+
+@dataclass
+class EmbedResult:
+    """Embeddings per pooler spec, in input order.
+
+    ``vectors[spec][i]`` is a ``[D]`` float32 array for single-vector poolers and ``[n_i, D]``
+    for multi-vector ones. ``tokens`` counts the tokens through the encoder, all plans.
+    """
+
+    vectors: dict[str, list[np.ndarray]]
+    multi_vector: dict[str, bool]
+    tokens: int = 0
+    specs: list[str] = field(default_factory=list)
+
+    def matrix(self, spec: str) -> np.ndarray:
+        """Single-vector results of ``spec`` stacked as ``[N, D]``."""
+        if self.multi_vector[spec]:
+            raise ValueError(f"pooler {spec!r} is multi-vector; use .vectors[spec]")
+        rows = self.vectors[spec]
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+
+
+def postprocess(x: Tensor, normalize: bool, dimensions: int | None) -> Tensor:
+    """Matryoshka truncation, then L2 normalization, on the last axis."""
+    if dimensions is not None:
+        x = x[..., :dimensions]
+    if normalize:
+        x = torch.nn.functional.normalize(x, dim=-1)
+    return x
+
+
+class Embedder:
+    """Runs the encoder once per tokenization plan and applies poolers.
+
+    Args:
+        encoder: a loaded :class:`FrozenEncoder`.
+        default_pooler: the spec used when none is asked for; ``auto`` means the model's own.
+    """
+
+    def __init__(self, encoder: FrozenEncoder, default_pooler: str = "auto") -> None:
+        self.encoder = encoder
+        self.default_pooler = default_pooler
+        self._poolers: dict[str, Pooler] = {}
+
+    @property
+    def model_id(self) -> str:
+        return self.encoder.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.hidden_size
+
+    def pooler(self, spec: str | None) -> Pooler:
+        """Build (once) and return the pooler for ``spec``."""
+        spec = spec or self.default_pooler
+        if spec not in self._poolers:
+            p = build_pooler(spec, default=self.encoder.pooling_mode, model_id=self.model_id)
+            self._poolers[spec] = p
+            self._poolers.setdefault(p.spec, p)
+        return self._poolers[spec]
+
+    def canonical(self, spec: str | None) -> str:
+        return self.pooler(spec).spec
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+            raise TypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+        if not 1 <= dimensions <= self.dim:
+            raise ValueError(f"dimensions must be between 1 and the model's {self.dim}, got {dimensions}")
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        poolers: Sequence[str] | str | None = None,
+        role: str = "document",
+        normalize: bool = True,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> EmbedResult:
+        """Embed ``texts`` with every pooler in ``poolers`` from one forward pass per plan.
+
+        Args:
+            texts: the inputs (a list of strings; an empty string is a valid input).
+            poolers: pooler specs; ``None`` uses the default pooler.
+            role: ``query`` or ``document``; selects the model's prompt if it has one.
+            normalize: L2-normalize every output vector.
+            dimensions: keep the first ``dimensions`` components (Matryoshka), then normalize.
+            truncate: cut inputs at the model's window (standard plan); ``False`` raises on
+                an over-long input instead. The landmark plan windows and never truncates.
+            on_batch: called with ``(texts_done, tokens)`` after each forward batch.
+        """
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of strings, not a single string")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        self.check_dimensions(dimensions)
+        if poolers is None or isinstance(poolers, str):
+            poolers = [poolers] if poolers else [self.default_pooler]
+        built = {spec: self.pooler(spec) for spec in poolers}
+        by_plan: dict[Plan, list[str]] = {}
+        for spec, p in built.items():
+            by_plan.setdefault(p.plan, []).append(spec)
+
+        texts = list(texts)
+        out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
+        tokens_before = self.encoder.stats.tokens
+        for plan, specs in by_plan.items():
+            for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate):
+                for spec in specs:
+                    pooled = built[spec].pool(states)
+                    for j, i in enumerate(text_ids):
+                        out[spec][i] = postprocess(pooled[j], normalize, dimensions).numpy().astype(np.float32, copy=False)
+                if on_batch:
+                    on_batch(len(text_ids), int(states.attention_mask.sum()))
+        return EmbedResult(
+            vectors=out,
+            multi_vector={spec: bool(p.multi_vector) for spec, p in built.items()},
+            tokens=self.encoder.stats.tokens - tokens_before,
+            specs=list(built),
+        )
