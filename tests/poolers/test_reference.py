@@ -1,0 +1,70 @@
+"""The poolers against sentence-transformers' own implementations, on the real default model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.multi_vector_encoder.modules.token_pooling import HierarchicalTokenPooling
+from sentence_transformers.sentence_transformer.modules import Pooling
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    return (a * b).sum(-1)
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_single_vector_poolers_match_sentence_transformers(mode, embedder, st_model, varied_texts):
+    assert len(varied_texts) >= 100
+    reference = SentenceTransformer(modules=[st_model[0], Pooling(384, pooling_mode=mode)], device="cpu")
+    ref = reference.encode(varied_texts, batch_size=16, convert_to_numpy=True, normalize_embeddings=False)
+    ours = embedder.embed(varied_texts, [mode], normalize=False).matrix(mode)
+    assert ours.shape == ref.shape
+    cos = _cos(ours, ref)
+    assert cos.min() >= 0.99999, (mode, float(cos.min()), varied_texts[int(cos.argmin())][:80])
+    # and not only the direction: the unnormalized vectors agree too
+    np.testing.assert_allclose(ours, ref, atol=2e-4)
+
+
+def test_default_pooling_matches_encode(embedder, st_model, varied_texts):
+    """`auto` on the default model is mean + normalize: exactly what encode() returns."""
+    ref = st_model.encode(varied_texts, batch_size=16)
+    ours = embedder.embed(varied_texts, ["auto"]).matrix("auto")
+    assert _cos(ours, ref).min() >= 0.99999
+
+
+def test_cluster_matches_hierarchical_token_pooling(embedder, st_model, scifact_docs):
+    texts = scifact_docs[:12] + ["short one", "", "a b c d e f g h"]
+    tokens = st_model.encode(texts, output_value="token_embeddings", batch_size=8)
+    normed = [torch.nn.functional.normalize(t.float(), dim=-1) for t in tokens]
+    for pf in (2, 3):
+        ref = HierarchicalTokenPooling(pool_factor=pf, num_protected_tokens=1,
+                                       normalize_embeddings=True).pool(normed)
+        spec = f"cluster:pool_factor={pf}"
+        ours = embedder.embed(texts, [spec]).vectors[spec]
+        for i, (o, r) in enumerate(zip(ours, ref)):
+            assert o.shape == tuple(r.shape), (pf, i)
+            np.testing.assert_allclose(o, r.numpy(), atol=1e-4, err_msg=f"pf={pf} text {i}")
+        lengths = [len(t) for t in tokens]
+        # max(n // pool_factor, 1) clusters after the protected [CLS]
+        assert [len(o) for o in ours] == [min(n, 1 + max((n - 1) // pf, 1)) for n in lengths]
+
+
+def test_cluster_without_normalize_matches_plain_means(embedder, st_model):
+    texts = ["the cat sat on the mat while the dog slept by the fire"]
+    tokens = st_model.encode(texts, output_value="token_embeddings")
+    normed = [torch.nn.functional.normalize(t.float(), dim=-1) for t in tokens]
+    ref = HierarchicalTokenPooling(pool_factor=2, normalize_embeddings=False).pool(normed)
+    ours = embedder.embed(texts, ["cluster"], normalize=False).vectors["cluster"]
+    np.testing.assert_allclose(ours[0], ref[0].numpy(), atol=1e-5)
+
+
+def test_tokens_are_normalized_token_states(embedder, st_model):
+    texts = ["late interaction keeps every token", "x"]
+    tokens = st_model.encode(texts, output_value="token_embeddings")
+    ours = embedder.embed(texts, ["tokens"], normalize=False).vectors["tokens"]
+    for o, t in zip(ours, tokens):
+        np.testing.assert_allclose(o, torch.nn.functional.normalize(t, dim=-1).numpy(), atol=1e-5)
