@@ -1,0 +1,394 @@
+"""Multi-vector store: append-only segments of contiguous token vectors, exact MaxSim,
+and an optional token-level FAISS index for candidate generation.
+
+A segment is written once, by the commit that creates it (``seg-<id>.vec.npy`` holds the token
+codes, ``seg-<id>.aux.npz`` the document offsets, internal ids and int8 scales). A document
+removed or replaced later is a tombstone: its internal id is no longer in the document store,
+so it is masked out of every search; :meth:`MultiStore.compacted` merges the live documents
+into one new segment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Sequence
+
+import faiss
+import numpy as np
+
+from ._util import fsync_dir
+from .errors import CorruptCollectionError, TrainingError
+from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
+from .spec import CollectionSpec, _first_line
+from .single import min_training_vectors
+
+TOKEN_TRAIN_SAMPLE = 100_000
+_ADD_CHUNK = 65_536
+
+
+def seg_files(seg_id: int) -> tuple[str, str]:
+    return f"seg-{seg_id:08d}.vec.npy", f"seg-{seg_id:08d}.aux.npz"
+
+
+class _Grow:
+    """Append-only array with amortized O(1) appends along axis 0."""
+
+    def __init__(self, shape_tail: tuple[int, ...], dtype: np.dtype) -> None:
+        self._buf = np.empty((16, *shape_tail), dtype=dtype)
+        self.n = 0
+
+    def extend(self, rows: np.ndarray) -> None:
+        need = self.n + len(rows)
+        if need > len(self._buf):
+            new = np.empty((max(need, 2 * len(self._buf)), *self._buf.shape[1:]), self._buf.dtype)
+            new[:self.n] = self._buf[:self.n]
+            self._buf = new
+        self._buf[self.n:need] = rows
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._buf[:self.n]
+
+
+@dataclass
+class Segment:
+    seg_id: int
+    codes: np.ndarray  # [T, dim] stored precision
+    scales: np.ndarray | None  # [T] float32 (int8 only)
+    offsets: np.ndarray  # [n + 1] int64
+    doc_ids: np.ndarray  # [n] int64
+    live: np.ndarray  # [n] bool
+    committed: bool = True
+    # pending (uncommitted) segments grow in place
+    _g_codes: _Grow | None = field(default=None, repr=False)
+    _g_scales: _Grow | None = field(default=None, repr=False)
+    _g_offsets: _Grow | None = field(default=None, repr=False)
+    _g_ids: _Grow | None = field(default=None, repr=False)
+    _g_live: _Grow | None = field(default=None, repr=False)
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.doc_ids)
+
+    @property
+    def n_vectors(self) -> int:
+        return int(self.offsets[-1])
+
+    @classmethod
+    def pending(cls, seg_id: int, dim: int, precision: str) -> "Segment":
+        dtype = np.dtype(precision)
+        s = cls(seg_id, np.empty((0, dim), dtype), None, np.zeros(1, np.int64),
+                np.empty(0, np.int64), np.empty(0, bool), committed=False)
+        s._g_codes = _Grow((dim,), dtype)
+        s._g_scales = _Grow((), np.dtype(np.float32)) if precision == "int8" else None
+        s._g_offsets = _Grow((), np.dtype(np.int64))
+        s._g_offsets.extend(np.zeros(1, np.int64))
+        s._g_ids = _Grow((), np.dtype(np.int64))
+        s._g_live = _Grow((), np.dtype(bool))
+        return s
+
+    def append(self, int_ids: np.ndarray, codes: np.ndarray, scales: np.ndarray | None,
+               lens: np.ndarray) -> np.ndarray:
+        """Append documents; returns their row numbers in this segment."""
+        assert not self.committed
+        first = self.n_docs
+        base = int(self._g_offsets.view[-1])
+        self._g_codes.extend(codes)
+        if self._g_scales is not None:
+            self._g_scales.extend(scales)
+        self._g_offsets.extend(base + np.cumsum(lens))
+        self._g_ids.extend(int_ids)
+        self._g_live.extend(np.ones(len(int_ids), bool))
+        self._refresh()
+        return np.arange(first, first + len(int_ids))
+
+    def _refresh(self) -> None:
+        self.codes = self._g_codes.view
+        self.scales = None if self._g_scales is None else self._g_scales.view
+        self.offsets = self._g_offsets.view
+        self.doc_ids = self._g_ids.view
+        self.live = self._g_live.view
+
+    def freeze(self) -> None:
+        """Turn a pending segment into a committed one (compact copies of its arrays)."""
+        self.codes = self.codes.copy()
+        self.scales = None if self.scales is None else self.scales.copy()
+        self.offsets, self.doc_ids, self.live = self.offsets.copy(), self.doc_ids.copy(), self.live.copy()
+        self._g_codes = self._g_scales = self._g_offsets = self._g_ids = self._g_live = None
+        self.committed = True
+
+    def write(self, folder: Path) -> None:
+        """Write the segment files durably (fsync each file; the caller fsyncs the folder)."""
+        vec_name, aux_name = seg_files(self.seg_id)
+        _write_fsync(folder / vec_name, lambda f: np.save(f, np.ascontiguousarray(self.codes)))
+        aux = {"offsets": self.offsets, "doc_ids": self.doc_ids}
+        if self.scales is not None:
+            aux["scales"] = self.scales
+        _write_fsync(folder / aux_name, lambda f: np.savez(f, **aux))
+
+    @classmethod
+    def read(cls, folder: Path, seg_id: int, live_ids: np.ndarray) -> "Segment":
+        vec_name, aux_name = seg_files(seg_id)
+        codes = np.load(folder / vec_name, mmap_mode="r")
+        with np.load(folder / aux_name) as z:
+            offsets = z["offsets"].astype(np.int64)
+            doc_ids = z["doc_ids"].astype(np.int64)
+            scales = z["scales"].astype(np.float32) if "scales" in z.files else None
+        if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1:
+            raise CorruptCollectionError(f"segment {seg_id} files disagree on their size")
+        return cls(seg_id, codes, scales, offsets, doc_ids, np.isin(doc_ids, live_ids))
+
+    def dequantized(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """float32 tokens of the documents ``rows`` and their per-token document ids."""
+        codes, offs, scales = gather_docs(self.codes, self.offsets, self.scales, rows)
+        return dequantize(codes, scales), np.repeat(self.doc_ids[rows], np.diff(offs))
+
+
+def _write_fsync(path: Path, writer) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        writer(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class MultiStore:
+    """All segments of a multi-vector collection plus the uncommitted (pending) one."""
+
+    def __init__(self, spec: CollectionSpec) -> None:
+        self.spec = spec
+        self.segments: list[Segment] = []  # committed, then the pending one last (if any)
+        self.loc: dict[int, tuple[Segment, int]] = {}  # live int id -> (segment, row)
+        self.token_index: faiss.Index | None = None
+        self.token_segments: set[int] = set()  # segments whose tokens are in token_index
+        self.token_dirty = False
+
+    # ---- loading ------------------------------------------------------------------------
+    @classmethod
+    def load(cls, spec: CollectionSpec, folder: Path, seg_ids: Sequence[int], live_ids: np.ndarray,
+             token_meta: dict | None) -> "MultiStore":
+        store = cls(spec)
+        live_ids = np.asarray(live_ids, dtype=np.int64)
+        for sid in seg_ids:
+            seg = Segment.read(folder, sid, live_ids)
+            store.segments.append(seg)
+            for row in np.flatnonzero(seg.live).tolist():
+                store.loc[int(seg.doc_ids[row])] = (seg, row)
+        if len(store.loc) != len(live_ids):
+            raise CorruptCollectionError(
+                f"segments hold {len(store.loc)} of the {len(live_ids)} documents of the document "
+                "store")
+        if token_meta and set(token_meta["segments"]) <= set(seg_ids):
+            path = folder / token_meta["file"]
+            if path.is_file():
+                store.token_index = faiss.read_index(str(path))
+                store.token_segments = set(token_meta["segments"])
+                for seg in store.segments:
+                    if seg.seg_id not in store.token_segments:
+                        store._index_segment_tokens(seg, np.flatnonzero(seg.live))
+        return store
+
+    # ---- writes -------------------------------------------------------------------------
+    @property
+    def pending(self) -> Segment | None:
+        return self.segments[-1] if self.segments and not self.segments[-1].committed else None
+
+    def add(self, int_ids: np.ndarray, docs: Sequence[np.ndarray], seg_id: int) -> None:
+        pend = self.pending
+        if pend is None:
+            pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision)
+            self.segments.append(pend)
+        lens = np.array([len(d) for d in docs], dtype=np.int64)
+        codes, scales = quantize(np.concatenate(docs, axis=0), self.spec.precision)
+        rows = pend.append(np.asarray(int_ids, np.int64), codes, scales, lens)
+        for i, r in zip(int_ids, rows.tolist()):
+            self.loc[int(i)] = (pend, r)
+        if self.token_index is not None:
+            self._index_segment_tokens(pend, rows)
+
+    def remove(self, int_ids: Sequence[int]) -> None:
+        for i in int_ids:
+            seg, row = self.loc.pop(int(i))
+            seg.live[row] = False
+
+    def write_pending(self, folder: Path) -> tuple[int, int, int] | None:
+        """Write the pending segment's files; returns (seg_id, n_docs, n_vectors) or None."""
+        pend = self.pending
+        if pend is None or pend.n_docs == 0:
+            return None
+        pend.write(folder)
+        fsync_dir(folder)
+        return pend.seg_id, pend.n_docs, pend.n_vectors
+
+    def write_token_index(self, path: Path) -> dict:
+        tmp = path.with_name(path.name + ".tmp")
+        faiss.write_index(self.token_index, str(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        return {"file": path.name, "segments": sorted(self.token_segments)}
+
+    def mark_committed(self) -> None:
+        pend = self.pending
+        if pend is not None:
+            if pend.n_docs == 0:
+                self.segments.pop()
+            else:
+                pend.freeze()
+                # rows keep their numbers; re-point loc entries at the (same) segment object
+        self.token_dirty = False
+
+    def compacted(self, seg_id: int) -> "MultiStore":
+        """A new store holding the live documents in one pending segment ``seg_id``."""
+        new = MultiStore(self.spec)
+        parts_codes, parts_scales, lens, ids = [], [], [], []
+        for seg in self.segments:
+            rows = np.flatnonzero(seg.live)
+            if not len(rows):
+                continue
+            c, o, s = gather_docs(seg.codes, seg.offsets, seg.scales, rows)
+            parts_codes.append(c)
+            parts_scales.append(s)
+            lens.append(np.diff(o))
+            ids.append(seg.doc_ids[rows])
+        pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision)
+        new.segments.append(pend)
+        if ids:
+            all_ids = np.concatenate(ids)
+            rows = pend.append(all_ids, np.concatenate(parts_codes),
+                               None if parts_scales[0] is None else np.concatenate(parts_scales),
+                               np.concatenate(lens))
+            new.loc = {int(i): (pend, r) for i, r in zip(all_ids.tolist(), rows.tolist())}
+        if self.token_index is not None:
+            new.build_token_index()
+        return new
+
+    # ---- token index ----------------------------------------------------------------------
+    def _new_token_index(self) -> faiss.Index:
+        idx = faiss.index_factory(self.spec.dim, self.spec.token_factory, faiss.METRIC_INNER_PRODUCT)
+        try:
+            faiss.extract_index_ivf(idx)
+            return idx  # IVF carries ids
+        except Exception:
+            return faiss.IndexIDMap(idx)  # many tokens share one document id: IDMap, not IDMap2
+
+    def build_token_index(self) -> None:
+        idx = self._new_token_index()
+        if not idx.is_trained:
+            sample = self._token_sample(TOKEN_TRAIN_SAMPLE)
+            need = min_training_vectors(self.spec.token_factory)
+            if len(sample) < need:
+                raise TrainingError(
+                    f"token index {self.spec.token_factory!r} needs at least {need} token vectors to "
+                    f"train; the collection has {len(sample)}. Use mode='exhaustive' or a token_factory "
+                    "without training ('HNSW32')")
+            try:
+                idx.train(sample)
+            except RuntimeError as e:
+                raise TrainingError(f"training token index failed: {_first_line(e)}") from None
+        self.token_index = idx
+        self.token_segments = set()
+        for seg in self.segments:
+            self._index_segment_tokens(seg, np.flatnonzero(seg.live))
+
+    def _index_segment_tokens(self, seg: Segment, rows: np.ndarray) -> None:
+        # add in chunks of documents to bound the float32 copy
+        cum = np.cumsum(np.diff(seg.offsets)[rows])
+        start = 0
+        while start < len(rows):
+            base = int(cum[start - 1]) if start else 0
+            end = max(start + 1, int(np.searchsorted(cum, base + _ADD_CHUNK, side="right")))
+            x, ids = seg.dequantized(rows[start:end])
+            self.token_index.add_with_ids(x, ids)
+            start = end
+        self.token_segments.add(seg.seg_id)
+        self.token_dirty = True
+
+    def _token_sample(self, n: int) -> np.ndarray:
+        parts = []
+        for seg in self.segments:
+            rows = np.flatnonzero(seg.live)
+            if len(rows):
+                parts.append(seg.dequantized(rows)[0])
+        if not parts:
+            return np.empty((0, self.spec.dim), np.float32)
+        x = np.concatenate(parts)
+        if len(x) > n:
+            x = x[np.random.default_rng(0).choice(len(x), n, replace=False)]
+        return np.ascontiguousarray(x)
+
+    # ---- search -------------------------------------------------------------------------
+    @property
+    def n_docs(self) -> int:
+        return len(self.loc)
+
+    def live_vectors(self) -> int:
+        return int(sum(int(np.diff(s.offsets)[s.live].sum()) for s in self.segments))
+
+    def total_vectors(self) -> int:
+        return int(sum(s.n_vectors for s in self.segments))
+
+    def bytes_per_doc(self) -> float:
+        if not self.loc:
+            return 0.0
+        per_tok = bytes_per_vector(self.spec.dim, self.spec.precision)
+        return (self.live_vectors() * per_tok + 16 * len(self.loc)) / len(self.loc)
+
+    def exhaustive(self, queries: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """MaxSim of every query against every live document: (scores [q, n], int ids [n])."""
+        scores, ids = [], []
+        for seg in self.segments:
+            if not seg.n_docs or not seg.live.any():
+                continue
+            s = maxsim_scores(queries, seg.codes, seg.offsets, seg.scales)
+            scores.append(s[:, seg.live])
+            ids.append(seg.doc_ids[seg.live])
+        if not scores:
+            return np.zeros((len(queries), 0), np.float32), np.zeros(0, np.int64)
+        return np.concatenate(scores, axis=1), np.concatenate(ids)
+
+    def rerank(self, query: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact MaxSim of one query against candidate int ids (unknown/dead ones dropped)."""
+        by_seg: dict[int, tuple[Segment, list[int], list[int]]] = {}
+        for i in np.unique(np.asarray(cand, dtype=np.int64)).tolist():
+            hit = self.loc.get(i)
+            if hit is not None:
+                entry = by_seg.setdefault(id(hit[0]), (hit[0], [], []))
+                entry[1].append(hit[1])
+                entry[2].append(i)
+        if not by_seg:
+            return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        scores, ids = [], []
+        for seg, rows, int_ids in by_seg.values():
+            scores.append(maxsim_scores([query], seg.codes, seg.offsets, seg.scales,
+                                        doc_idx=np.array(rows, dtype=np.int64))[0])
+            ids.append(np.array(int_ids, dtype=np.int64))
+        return np.concatenate(scores), np.concatenate(ids)
+
+    def token_candidates(self, queries: Sequence[np.ndarray], k_token: int) -> list[np.ndarray]:
+        """Per query, the distinct live documents among the k_token nearest tokens of each
+        query token."""
+        if self.token_index is None:
+            self.build_token_index()
+        q_all = np.ascontiguousarray(np.concatenate(queries).astype(np.float32))
+        kk = max(1, min(k_token, int(self.token_index.ntotal)))
+        inner = self.token_index.index if isinstance(self.token_index, faiss.IndexIDMap) else None
+        if inner is not None and isinstance(faiss.downcast_index(inner), faiss.IndexHNSW):
+            params = faiss.SearchParametersHNSW(efSearch=max(kk, 64))
+            _, labels = self.token_index.search(q_all, kk, params=params)
+        else:
+            _, labels = self.token_index.search(q_all, kk)
+        out, start = [], 0
+        for q in queries:
+            lab = np.unique(labels[start:start + len(q)])
+            start += len(q)
+            out.append(lab[lab >= 0])
+        return out

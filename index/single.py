@@ -1,0 +1,233 @@
+"""Single-vector store: one FAISS index (built by ``index_factory``) keyed by internal int64 ids."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from ._util import fsync_dir
+from .errors import CorruptCollectionError, TrainingError
+from .spec import CollectionSpec, _faiss_metric, _first_line
+
+HNSW_EF_SEARCH = 64
+
+
+def min_training_vectors(factory: str) -> int:
+    """Fewest vectors FAISS accepts to train ``factory`` (0 if it needs no training).
+
+    IVF<n> needs n points (one per centroid); PQ/RQ with b bits needs 2**b per sub-quantizer.
+    """
+    need = 0
+    for m in re.finditer(r"IVF(\d+)", factory):
+        need = max(need, int(m.group(1)))
+    for m in re.finditer(r"(?:PQ|RQ|LSQ)\d+(?:x(\d+))?", factory):
+        need = max(need, 2 ** int(m.group(1) or 8))
+    if re.search(r"SQ\d|SQfp16|SQbf16", factory):
+        need = max(need, 1)
+    return need
+
+
+def recommended_training_vectors(factory: str) -> int:
+    """What FAISS recommends (39 points per centroid); more than :func:`min_training_vectors`."""
+    rec = min_training_vectors(factory)
+    for m in re.finditer(r"IVF(\d+)", factory):
+        rec = max(rec, 39 * int(m.group(1)))
+    return rec
+
+
+class SingleStore:
+    """A FAISS index with ids. Indexes that cannot remove (HNSW) keep removed ids as ``dead``:
+    they are filtered out of search results (over-fetching) until :meth:`rebuilt`."""
+
+    def __init__(self, spec: CollectionSpec, index: faiss.Index) -> None:
+        self.spec = spec
+        self.index = index
+        self.dead: set[int] = set()
+        self._dead_arr: np.ndarray | None = None
+        self.dirty = False  # index changed since last write
+        self.removable = _probe_removable(index)
+        self.hnsw = _is_hnsw(index)
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def empty(cls, spec: CollectionSpec) -> "SingleStore":
+        idx = faiss.index_factory(spec.dim, spec.factory, _faiss_metric(spec.metric))
+        if not isinstance(idx, faiss.IndexIDMap2) and not _has_ivf(idx):
+            idx = faiss.IndexIDMap2(idx)
+        _no_polysemous(idx)
+        if _has_ivf(idx):
+            ivf = faiss.extract_index_ivf(idx)
+            ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # reconstruct + remove by id
+            ivf.nprobe = min(ivf.nlist, max(8, ivf.nlist // 16))
+        inner = _inner(idx)
+        if isinstance(inner, faiss.IndexHNSW):
+            inner.hnsw.efSearch = HNSW_EF_SEARCH
+        return cls(spec, idx)
+
+    @classmethod
+    def load(cls, spec: CollectionSpec, path: Path | None, live_ids: np.ndarray) -> "SingleStore":
+        """Load the committed index file and check it holds exactly the live documents."""
+        store = cls.empty(spec) if path is None else cls(spec, faiss.read_index(str(path)))
+        live = np.asarray(live_ids, dtype=np.int64)
+        idx = store.index
+        if isinstance(idx, faiss.IndexIDMap2):
+            stored = faiss.vector_to_array(idx.id_map).astype(np.int64)
+            missing = np.setdiff1d(live, stored)
+            if len(missing):
+                raise CorruptCollectionError(
+                    f"vector index lacks {len(missing)} documents of the document store "
+                    f"(e.g. internal id {int(missing[0])})")
+            store.dead = set(np.setdiff1d(stored, live).tolist())
+            if store.dead and store.removable:  # cannot happen with our commit protocol
+                raise CorruptCollectionError(f"vector index holds {len(store.dead)} deleted documents")
+        elif idx.ntotal != len(live):
+            raise CorruptCollectionError(
+                f"vector index holds {idx.ntotal} vectors but the document store {len(live)} documents")
+        return store
+
+    # ---- writes -------------------------------------------------------------------------
+    def check_trainable(self, n: int) -> None:
+        if self.index.is_trained:
+            return
+        need = min_training_vectors(self.spec.factory)
+        if n < max(need, 1):
+            rec = recommended_training_vectors(self.spec.factory)
+            raise TrainingError(
+                f"index {self.spec.factory!r} is trained on the first batch added, which must hold "
+                f"at least {need} vectors (FAISS recommends {rec}); this batch has {n}. Add a larger "
+                "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')")
+
+    def add(self, int_ids: np.ndarray, x: np.ndarray) -> None:
+        if not self.index.is_trained:
+            self.check_trainable(len(x))
+            try:
+                self.index.train(x)
+            except RuntimeError as e:
+                raise TrainingError(f"training {self.spec.factory!r} failed: {_first_line(e)}") from None
+        self.index.add_with_ids(x, np.asarray(int_ids, dtype=np.int64))
+        self.dirty = True
+
+    def remove(self, int_ids: np.ndarray) -> None:
+        ids = np.asarray(int_ids, dtype=np.int64)
+        if not len(ids):
+            return
+        if self.removable:
+            self.index.remove_ids(ids)
+            self.dirty = True
+        else:
+            self.dead.update(ids.tolist())
+            self._dead_arr = None
+
+    def reconstruct(self, int_id: int) -> np.ndarray:
+        return self.index.reconstruct(int(int_id))
+
+    # ---- search -------------------------------------------------------------------------
+    @property
+    def live_count(self) -> int:
+        return int(self.index.ntotal) - len(self.dead)
+
+    def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (scores, int ids) per query; rows padded with -1 ids when fewer exist."""
+        nq = len(x)
+        ntotal = int(self.index.ntotal)
+        out_d = np.full((nq, k), np.nan, dtype=np.float32)
+        out_i = np.full((nq, k), -1, dtype=np.int64)
+        if ntotal == 0 or nq == 0:
+            return out_d, out_i
+        kk = min(ntotal, k if not self.dead else 2 * k + 16)
+        while True:
+            D, I = self._raw_search(x, kk)
+            if self.dead:
+                if self._dead_arr is None:
+                    self._dead_arr = np.fromiter(self.dead, dtype=np.int64, count=len(self.dead))
+                keep = (I >= 0) & ~np.isin(I, self._dead_arr)
+            else:
+                keep = I >= 0
+            if kk >= ntotal or bool((keep.sum(axis=1) >= min(k, self.live_count)).all()):
+                break
+            kk = min(ntotal, kk * 4)
+        for r in range(nq):  # loop over queries (at most k results each)
+            sel = np.flatnonzero(keep[r])[:k]
+            out_d[r, :len(sel)] = D[r, sel]
+            out_i[r, :len(sel)] = I[r, sel]
+        return out_d, out_i
+
+    def _raw_search(self, x: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.hnsw and kk > HNSW_EF_SEARCH:
+            return self.index.search(x, kk, params=faiss.SearchParametersHNSW(efSearch=kk))
+        return self.index.search(x, kk)
+
+    # ---- persistence --------------------------------------------------------------------
+    def write(self, path: Path) -> None:
+        """Write the index to ``path`` durably (tmp file, fsync, rename, fsync dir)."""
+        tmp = path.with_name(path.name + ".tmp")
+        faiss.write_index(self.index, str(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+    def rebuilt(self) -> "SingleStore":
+        """A new store with only the live vectors (same ids): drops HNSW tombstones."""
+        new = SingleStore.empty(self.spec)
+        idx = self.index
+        if isinstance(idx, faiss.IndexIDMap2) and idx.ntotal:
+            ids = faiss.vector_to_array(idx.id_map).astype(np.int64)
+            vecs = _inner(idx).reconstruct_n(0, idx.ntotal)
+            if self.dead:
+                keep = ~np.isin(ids, np.fromiter(self.dead, dtype=np.int64))
+                ids, vecs = ids[keep], vecs[keep]
+            if len(ids):
+                new.add(ids, np.ascontiguousarray(vecs, dtype=np.float32))
+            new.dirty = True
+            return new
+        self.dirty = True  # index with ids inside (IVF): removal is exact, nothing to drop
+        return self
+
+
+def _no_polysemous(idx: faiss.Index) -> None:
+    """The factory turns on polysemous training for PQ codes (``PQ<m>`` without ``np``): a
+    code-reordering step that only serves Hamming-filtered search, which we never enable, and that
+    takes ~15 s even on a few hundred vectors. Switch it off; ADC search results are unaffected."""
+    for sub in (_inner(idx), ):
+        sub = faiss.downcast_index(sub)
+        if hasattr(sub, "do_polysemous_training"):
+            sub.do_polysemous_training = False
+    if _has_ivf(idx):
+        ivf = faiss.extract_index_ivf(idx)
+        if hasattr(ivf, "do_polysemous_training"):
+            ivf.do_polysemous_training = False
+
+
+def _inner(idx: faiss.Index) -> faiss.Index:
+    if isinstance(idx, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+        return faiss.downcast_index(idx.index)
+    return faiss.downcast_index(idx)
+
+
+def _has_ivf(idx: faiss.Index) -> bool:
+    try:
+        faiss.extract_index_ivf(idx)
+        return True
+    except Exception:
+        return False
+
+
+def _is_hnsw(idx: faiss.Index) -> bool:
+    return isinstance(_inner(idx), faiss.IndexHNSW)
+
+
+def _probe_removable(idx: faiss.Index) -> bool:
+    """Whether ``remove_ids`` works (it raises for HNSW); removes nothing."""
+    try:
+        idx.remove_ids(np.array([-1], dtype=np.int64))
+        return True
+    except RuntimeError:
+        return False

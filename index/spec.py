@@ -1,0 +1,169 @@
+"""Collection spec and the ``manifest.json`` that records it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatVersionError, InvalidInputError, NotACollectionError
+from .maxsim import PRECISIONS
+
+#: Version of the on-disk layout written by this code. Opening a newer one is refused.
+FORMAT_VERSION = 1
+FORMAT_NAME = "embedpool-collection"
+MANIFEST = "manifest.json"
+
+KINDS = ("single", "multi")
+METRICS = ("ip", "l2")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+#: Fields compared when a collection is re-created, per kind (the others do not apply).
+_FIELDS = {
+    "single": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory"),
+    "multi": ("kind", "model", "pooler", "dim", "metric", "normalized", "precision",
+              "token_factory", "companion"),
+}
+
+
+def check_name(name: str) -> str:
+    """A collection name is a plain folder name: letters, digits, ``.``, ``_``, ``-``."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+        raise InvalidInputError(
+            f"invalid collection name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit")
+    return name
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """What a collection stores; recorded in its manifest and checked on every write.
+
+    Args:
+        kind: ``single`` (one vector per document, FAISS) or ``multi`` (token vectors, MaxSim).
+        model: id of the model that made the vectors (recorded; ``add(model=...)`` must match).
+        pooler: pooler spec string (recorded; ``add(pooler=...)`` must match).
+        dim: vector dimension.
+        metric: ``ip`` (inner product; cosine when normalized) or ``l2`` (single only).
+        normalized: vectors are L2-normalized; ``add`` refuses vectors whose norm is not ~1.
+        factory: single: FAISS index factory string (``IDMap2,Flat``, ``HNSW32``, ``IVF256,PQ32``, ...).
+        precision: multi: storage precision of token vectors, ``float32`` | ``float16`` | ``int8``.
+        token_factory: multi: FAISS factory of the token-level ANN index used by ``mode="tokens"``.
+        companion: multi: name of a single-vector collection (same data dir) for ``two_stage``.
+    """
+
+    kind: str = "single"
+    model: str = ""
+    pooler: str = ""
+    dim: int = 384
+    metric: str = "ip"
+    normalized: bool = True
+    factory: str = "IDMap2,Flat"
+    precision: str = "float32"
+    token_factory: str = "HNSW32"
+    companion: str | None = None
+
+    def validate(self) -> "CollectionSpec":
+        """Raise :class:`InvalidInputError` naming the bad field; return self."""
+        import faiss
+
+        if self.kind not in KINDS:
+            raise InvalidInputError(f"spec.kind={self.kind!r}: use 'single' or 'multi'")
+        if not isinstance(self.model, str) or not isinstance(self.pooler, str):
+            raise InvalidInputError("spec.model and spec.pooler must be strings")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
+            raise InvalidInputError(f"spec.dim={self.dim!r}: must be a positive integer")
+        if self.metric not in METRICS:
+            raise InvalidInputError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'")
+        if not isinstance(self.normalized, bool):
+            raise InvalidInputError("spec.normalized must be true or false")
+        if self.kind == "single":
+            try:
+                idx = faiss.index_factory(self.dim, self.factory, _faiss_metric(self.metric))
+            except Exception as e:  # faiss raises RuntimeError with a long C++ trace
+                raise InvalidInputError(
+                    f"spec.factory={self.factory!r} is not a valid FAISS index factory string "
+                    f"for dim {self.dim}: {_first_line(e)}") from None
+            if type(idx).__name__ == "IndexIDMap":
+                raise InvalidInputError(
+                    f"spec.factory={self.factory!r}: use 'IDMap2,...' (IDMap cannot return stored "
+                    "vectors), or leave the IDMap prefix out")
+        else:
+            if self.metric != "ip":
+                raise InvalidInputError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
+            if self.precision not in PRECISIONS:
+                raise InvalidInputError(
+                    f"spec.precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
+            try:
+                faiss.index_factory(self.dim, self.token_factory, faiss.METRIC_INNER_PRODUCT)
+            except Exception as e:
+                raise InvalidInputError(
+                    f"spec.token_factory={self.token_factory!r} is not a valid FAISS index factory "
+                    f"string: {_first_line(e)}") from None
+            if self.companion is not None:
+                check_name(self.companion)
+        return self
+
+    def fields(self) -> tuple[str, ...]:
+        """The fields that matter for this kind (compared on re-create)."""
+        return _FIELDS.get(self.kind, _FIELDS["single"])
+
+    def differences(self, other: "CollectionSpec") -> list[str]:
+        """Human-readable list of differing relevant fields (``field: existing X, requested Y``)."""
+        names = self.fields() if self.kind == other.kind else ("kind",)
+        return [f"{n}: existing {getattr(self, n)!r}, requested {getattr(other, n)!r}"
+                for n in names if getattr(self, n) != getattr(other, n)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CollectionSpec":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _faiss_metric(metric: str) -> int:
+    import faiss
+
+    return faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:  # faiss: "Error in ... at file:line: Error: 'cond' failed: message"
+        if "Error:" in ln:
+            return ln.split("Error:", 1)[1].strip()
+    return lines[0] if lines else type(e).__name__
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """Load and check ``manifest.json``; raise NotACollection / FormatVersion errors."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise NotACollectionError(
+            f"{folder} is not an embedpool collection (no {MANIFEST}); pass the data directory "
+            "and a collection name, or create the collection first")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NotACollectionError(f"{path} is not a readable collection manifest: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise NotACollectionError(
+            f"{path} is not an embedpool collection manifest (missing \"format\": \"{FORMAT_NAME}\")")
+    version = data.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise NotACollectionError(f"{path}: bad format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{path} has format version {version}, newer than this embedpool supports "
+            f"({FORMAT_VERSION}); upgrade embedpool to open it")
+    try:
+        CollectionSpec.from_dict(data).validate()
+    except InvalidInputError as e:
+        raise NotACollectionError(f"{path}: invalid spec in manifest: {e}") from None
+    return data
