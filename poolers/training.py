@@ -183,7 +183,21 @@ def _eval_loss(head: AttentionHead, data: PairData, idx: Sequence[int], cfg: Tra
 
 def train_head(data: PairData, dim: int, cfg: TrainConfig,
                progress: Callable[[dict], None] | None = None) -> tuple[AttentionHead, TrainReport]:
-    """Train an :class:`AttentionHead` on cached states; return the best head on the dev split."""
+    """Train an :class:`AttentionHead` on cached states; return the best head on the dev split.
+
+    Runs on one thread: the head's tensors are small, and OpenMP's thread barriers made a
+    step 7x slower on two threads of a busy 2-core machine (measured).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(data, dim, cfg, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(data: PairData, dim: int, cfg: TrainConfig,
+           progress: Callable[[dict], None] | None) -> tuple[AttentionHead, TrainReport]:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     head = AttentionHead(dim, cfg.queries, cfg.value_projection)
