@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
     max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
     max_wait_ms: float = Field(2.0, ge=0, description="how long the batcher waits to fill a batch")
+    allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)

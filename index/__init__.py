@@ -1,15 +1,22 @@
 """Storage side of embedpool: persistent single- and multi-vector collections.
 
-Imports only numpy, faiss, sqlite3 and the standard library (never ``poolers`` or ``app``).
+Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``poolers`` or
+``app``); pymilvus only when the Milvus backend is used.
 
-    from index import Collection, CollectionSpec
-    coll = Collection.open_or_create("data", "scifact-mean", CollectionSpec(kind="single", dim=384))
+    from index import CollectionSpec, open_collection
+    coll = open_collection("data", "scifact-mean", CollectionSpec(kind="single", dim=384),
+                           backend="faiss")  # or backend="milvus", milvus_uri="./milvus.db"
     coll.add(ids, vectors, texts); coll.commit()
     hits = coll.search(queries, k=10)
+
+``Collection`` (FAISS folders) and ``MilvusCollection`` share the API of ``CollectionBase``.
 """
 
-from .collection import Collection, Hit, delete_collection, list_collections
+from .backends import BACKENDS, delete_collection, list_collections, open_collection
+from .base import CollectionBase, Hit
+from .collection import Collection
 from .errors import (
+    BackendError,
     CollectionError,
     CollectionLockedError,
     CollectionNotFoundError,
@@ -27,9 +34,18 @@ from .maxsim import dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
-    "Collection", "CollectionSpec", "Hit", "list_collections", "delete_collection",
+    "Collection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
+    "open_collection", "list_collections", "delete_collection", "BACKENDS", "BackendError",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize",
     "CollectionError", "IndexError_", "NotFoundError", "CollectionNotFoundError",
     "DocumentNotFoundError", "NotACollectionError", "FormatVersionError", "SpecMismatchError",
     "InvalidInputError", "TrainingError", "CollectionLockedError", "CorruptCollectionError",
 ]
+
+
+def __getattr__(name: str):
+    if name == "MilvusCollection":  # imported on first use: pymilvus is slow to import
+        from .milvus import MilvusCollection
+
+        return MilvusCollection
+    raise AttributeError(f"module 'index' has no attribute {name!r}")

@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,29 +44,21 @@ from .errors import (
     NotACollectionError,
     SpecMismatchError,
 )
+from .base import CollectionBase, Hit, check_spec_matches
 from .multi import MultiStore, seg_files
 from .single import SingleStore
-from .spec import FORMAT_NAME, FORMAT_VERSION, MANIFEST, CollectionSpec, check_name, read_manifest
+from .spec import FORMAT_VERSION, MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
+from .validate import topk
 
 log = logging.getLogger("embedpool.index")
 
+__all__ = ["Collection", "Hit", "list_collections", "delete_collection"]
+
 LOCK_FILE = "writer.lock"
-MODES = ("exhaustive", "tokens", "two_stage")
 _MANAGED = re.compile(r"^(vectors-\d+\.faiss|tokens-\d+\.faiss|seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
-_NORM_TOL = 1e-2
 
 
-@dataclass
-class Hit:
-    """One search result."""
-
-    id: str
-    score: float
-    text: str | None
-    metadata: dict | None
-
-
-class Collection:
+class Collection(CollectionBase):
     """A persistent single- or multi-vector collection. Use :meth:`create` / :meth:`open`.
 
     Thread-safety: one writer (``add``/``delete``/``commit``/``compact``) and any number of
@@ -75,6 +66,8 @@ class Collection:
     Across processes: one writer at a time (others get :class:`CollectionLockedError`); readers in
     other processes see the state committed when they opened the collection.
     """
+
+    backend = "faiss"
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
@@ -108,12 +101,11 @@ class Collection:
                 f"{folder} exists but is not an embedpool collection; choose another name or "
                 "remove that folder")
         coll = cls.open(data_dir, name)
-        diffs = coll.spec.differences(spec)
-        if diffs:
+        try:
+            check_spec_matches(coll.spec, spec, name)
+        except SpecMismatchError:
             coll.close()
-            raise SpecMismatchError(
-                f"collection {name!r} already exists with a different spec ({'; '.join(diffs)}); "
-                "use another collection name, or delete the collection first")
+            raise
         return coll
 
     @classmethod
@@ -137,6 +129,7 @@ class Collection:
         return cls.create(data_dir, name, spec)
 
     def __init__(self, data_dir: Path, name: str, manifest: dict[str, Any]) -> None:
+        super().__init__()
         self.name = name
         self.data_dir = Path(data_dir)
         self.folder = self.data_dir / name
@@ -146,8 +139,6 @@ class Collection:
         self._rw = RWLock()
         self._wmutex = threading.RLock()  # serializes writers in this process
         self._token_lock = threading.Lock()
-        self._companion_lock = threading.Lock()
-        self._companion: Collection | None = None
         self._flock = FileLock(self.folder / LOCK_FILE)
         self._closed = False
         self._dirty = False
@@ -291,21 +282,8 @@ class Collection:
             metadata: optional JSON-serializable dict per document.
             model, pooler: if given, must equal the manifest's (guards against mixing models).
         """
-        self._check_open()
-        for field, value in (("model", model), ("pooler", pooler)):
-            if value is not None and value != getattr(self.spec, field):
-                raise SpecMismatchError(
-                    f"collection {self.name!r} holds vectors from {field} "
-                    f"{getattr(self.spec, field)!r}, not {value!r}; use a collection made for "
-                    f"{value!r} (or another collection name)")
-        ids = _check_ids(ids)
+        ids, vecs, texts_, metas = self._check_add(ids, vectors, texts, metadata, model, pooler)
         n = len(ids)
-        if self.spec.kind == "single":
-            vecs: Any = self._check_single_vectors(vectors, ids, "vectors")
-        else:
-            vecs = self._check_multi_vectors(vectors, ids, "vectors")
-        texts_ = _check_texts(texts, n)
-        metas = _check_metadata(metadata, ids)
         if n == 0:
             return
         with self._wmutex:
@@ -336,18 +314,13 @@ class Collection:
 
     def delete(self, ids: Sequence[str]) -> None:
         """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
-        self._check_open()
-        ids = list(dict.fromkeys(_check_ids(ids, allow_duplicates=True)))
+        ids = self._check_delete(ids)
         if not ids:
             return
         with self._wmutex:
             self._check_open()
             found = self._db.lookup_ext(ids)
-            unknown = [i for i in ids if i not in found]
-            if unknown:
-                raise DocumentNotFoundError(
-                    f"{len(unknown)} id(s) not in collection {self.name!r}: {_preview(unknown)}; "
-                    "nothing was deleted")
+            self._refuse_unknown(ids, found)
             self._begin_write()
             with self._rw.write():
                 int_ids = [found[i] for i in ids]
@@ -448,123 +421,57 @@ class Collection:
                 self._end_write()
                 self._db.close()
                 self._closed = True
-            if self._companion is not None:
-                self._companion.close()
-                self._companion = None
-
-    def __enter__(self) -> "Collection":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+            self._close_companion()
 
     def __repr__(self) -> str:
         return f"Collection({str(self.folder)!r}, kind={self.spec.kind!r}, documents={len(self)})"
 
     # ---- reads --------------------------------------------------------------------------
-    def search(self, queries: Any, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
-               k_token: int = 32, companion_queries: Any = None,
-               companion: "Collection | None" = None) -> list[list[Hit]]:
-        """Top-k documents per query.
-
-        Args:
-            queries: single: ``[q, dim]`` array. multi: ``q`` arrays ``[m_i, dim]`` of query tokens.
-            k: results per query.
-            mode: multi only. ``exhaustive`` (exact MaxSim against every document), ``tokens``
-                (token ANN: ``k_token`` neighbours per query token give the candidates, then exact
-                MaxSim) or ``two_stage`` (the ``candidates`` best documents of the companion
-                single-vector collection for ``companion_queries``, then exact MaxSim).
-            companion: the companion collection; defaults to ``spec.companion`` in the same data dir.
-
-        Returns:
-            ``q`` lists of :class:`Hit`, best first. Scores: inner product (single ``ip``),
-            squared L2 distance (single ``l2``, smaller is better) or MaxSim (multi).
-        """
-        self._check_open()
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise InvalidInputError(f"k must be a positive integer, got {k!r}")
-        k = int(k)
-        if isinstance(self._vec, SingleStore):
-            x = _as_matrix(queries, self.spec.dim, "queries", self.name)
-            with self._rw.read():
-                self._check_open()
-                D, I = self._vec.search(x, k)
-                return self._hits([[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0]
-                                   for dr, ir in zip(D, I)])
-        qs = self._check_multi_vectors(queries, None, "queries")
-        if mode not in MODES:
-            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}")
-        if not qs:
-            return []
-        if mode == "exhaustive":
-            with self._rw.read():
-                self._check_open()
-                scores, ids = self._vec.exhaustive(qs)
-                return self._hits([_topk(s, ids, k) for s in scores])
-        if mode == "tokens":
-            if isinstance(k_token, bool) or not isinstance(k_token, (int, np.integer)) or k_token < 1:
-                raise InvalidInputError(f"k_token must be a positive integer, got {k_token!r}")
-            with self._rw.read():
-                self._check_open()
-                with self._token_lock:
-                    if self._vec.token_index is None:
-                        self._vec.build_token_index()
-                cands = self._vec.token_candidates(qs, int(k_token))
-                return self._hits([_topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
-        if mode == "two_stage":
-            if isinstance(candidates, bool) or not isinstance(candidates, (int, np.integer)) \
-                    or candidates < 1:
-                raise InvalidInputError(f"candidates must be a positive integer, got {candidates!r}")
-            comp = self._resolve_companion(companion)
-            if companion_queries is None:
-                raise InvalidInputError(
-                    f"mode='two_stage' needs companion_queries: one pooled query vector per query "
-                    f"for companion collection {comp.name!r} (dim {comp.spec.dim})")
-            cq = _as_matrix(companion_queries, comp.spec.dim, "companion_queries", comp.name)
-            if len(cq) != len(qs):
-                raise InvalidInputError(
-                    f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
-            ext_lists = comp._search_ext(cq, int(candidates))
-            with self._rw.read():
-                self._check_open()
-                ext2int = self._db.lookup_ext(sorted({e for lst in ext_lists for e in lst}))
-                out = []
-                for q, lst in zip(qs, ext_lists):
-                    cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
-                    out.append(_topk(*self._vec.rerank(q, cand), k))
-                return self._hits(out)
-        raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}")
-
-    def _search_ext(self, x: np.ndarray, k: int) -> list[list[str]]:
-        """Ids only (for two-stage candidate generation)."""
-        self._check_open()
-        if not isinstance(self._vec, SingleStore):
-            raise InvalidInputError(f"companion collection {self.name!r} must be single-vector")
+    def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
         with self._rw.read():
+            self._check_open()
+            D, I = self._vec.search(x, k)
+            return self._hits([[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0]
+                               for dr, ir in zip(D, I)])
+
+    def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
+        with self._rw.read():
+            self._check_open()
+            scores, ids = self._vec.exhaustive(qs)
+            return self._hits([topk(s, ids, k) for s in scores])
+
+    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
+        with self._rw.read():
+            self._check_open()
+            with self._token_lock:
+                if self._vec.token_index is None:
+                    self._vec.build_token_index()
+            cands = self._vec.token_candidates(qs, k_token)
+            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+
+    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
+        with self._rw.read():
+            self._check_open()
+            ext2int = self._db.lookup_ext(sorted({e for lst in ext_lists for e in lst}))
+            out = []
+            for q, lst in zip(qs, ext_lists):
+                cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
+                out.append(topk(*self._vec.rerank(q, cand), k))
+            return self._hits(out)
+
+    def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
+        with self._rw.read():
+            self._check_open()
             _, I = self._vec.search(x, k)
             names = self._db.ext_of(int(i) for i in np.unique(I) if i >= 0)
         return [[names[int(i)] for i in row if i >= 0 and int(i) in names] for row in I]
 
-    def _resolve_companion(self, companion: "Collection | None") -> "Collection":
-        if companion is not None:
-            if not isinstance(companion, Collection) or companion.spec.kind != "single":
-                raise InvalidInputError("companion must be an open single-vector Collection")
-            return companion
-        if self.spec.companion is None:
-            raise InvalidInputError(
-                f"mode='two_stage' needs a companion single-vector collection: pass companion=..., "
-                f"or create {self.name!r} with spec.companion set")
-        with self._companion_lock:
-            if self._companion is None:
-                comp = Collection.open(self.data_dir, self.spec.companion)
-                if comp.spec.kind != "single":
-                    comp.close()
-                    raise InvalidInputError(
-                        f"companion collection {self.spec.companion!r} is not single-vector")
-                self._companion = comp
-            elif not self._companion._db.in_transaction:
-                self._companion.refresh()  # pick up commits made since it was opened
-            return self._companion
+    def _open_sibling(self, name: str) -> "Collection":
+        return Collection.open(self.data_dir, name)
+
+    def _sync(self) -> None:
+        if not self._db.in_transaction:
+            self.refresh()  # pick up commits made since it was opened
 
     def _hits(self, results: list[list[tuple[float, int]]]) -> list[list[Hit]]:
         """Attach ids, text and metadata (caller holds the read lock)."""
@@ -607,13 +514,6 @@ class Collection:
         with self._rw.read():
             return isinstance(id, str) and bool(self._db.lookup_ext([id]))
 
-    @property
-    def manifest(self) -> dict[str, Any]:
-        """The manifest, with counts of the current (in-process) state."""
-        m = dict(self._manifest)
-        m["counts"] = self._counts()
-        return m
-
     def _counts(self) -> dict[str, int]:
         with self._rw.read():
             if isinstance(self._vec, SingleStore):
@@ -642,48 +542,9 @@ class Collection:
                     "token_index": self._vec.token_index is not None}
 
     def _write_manifest(self) -> None:
-        m = dict(self._manifest)
-        m["counts"] = self._counts()
-        m["updated"] = now_iso()
+        m = {**self.manifest, "updated": now_iso()}
         write_durable_bytes(self.folder / MANIFEST, (json.dumps(m, indent=2) + "\n").encode())
         self._manifest = m
-
-    # ---- validation ---------------------------------------------------------------------
-    def _check_single_vectors(self, vectors: Any, ids: list[str], what: str) -> np.ndarray:
-        if isinstance(vectors, (list, tuple)) and vectors and isinstance(vectors[0], np.ndarray) \
-                and vectors[0].ndim == 2:
-            raise SpecMismatchError(
-                f"collection {self.name!r} is single-vector: pass one [n, {self.spec.dim}] array, "
-                "not a list of per-document token matrices")
-        x = _as_matrix(vectors, self.spec.dim, what, self.name, ids)
-        if len(x) != len(ids):
-            raise InvalidInputError(f"{len(ids)} ids but {len(x)} vectors; give one vector per id")
-        if self.spec.normalized and len(x):
-            _check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector of id {ids[r]!r}")
-        return x
-
-    def _check_multi_vectors(self, vectors: Any, ids: list[str] | None, what: str) -> list[np.ndarray]:
-        if isinstance(vectors, np.ndarray):
-            if vectors.ndim == 2:
-                raise SpecMismatchError(
-                    f"collection {self.name!r} is multi-vector: pass a list with one "
-                    f"[n_i, {self.spec.dim}] array per {'document' if ids is not None else 'query'}")
-            vectors = list(vectors)
-        if not isinstance(vectors, (list, tuple)):
-            raise InvalidInputError(f"{what} must be a list of [n_i, {self.spec.dim}] arrays")
-        if ids is not None and len(vectors) != len(ids):
-            raise InvalidInputError(f"{len(ids)} ids but {len(vectors)} vector sets; give one per id")
-        out = []
-        for j, v in enumerate(vectors):
-            label = f"document {ids[j]!r}" if ids is not None else f"query {j}"
-            x = _as_matrix(v, self.spec.dim, f"{what} of {label}", self.name)
-            if not len(x):
-                raise InvalidInputError(f"{what} of {label} is empty: give at least one vector")
-            if ids is not None and self.spec.normalized:
-                _check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector {r} of {label}")
-            out.append(x)
-        return out
-
 
 # ---- module functions ---------------------------------------------------------------------
 def list_collections(data_dir: str | os.PathLike) -> list[str]:
@@ -727,10 +588,7 @@ def _init_folder(folder: Path, name: str, spec: CollectionSpec) -> None:
         db.commit()
     finally:
         db.close()
-    ts = now_iso()
-    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "name": name,
-                **spec.to_dict(), "counts": {"documents": 0, "vectors": 0},
-                "created": ts, "updated": ts}
+    manifest = new_manifest(name, spec, now_iso(), counts={"documents": 0, "vectors": 0})
     write_durable_bytes(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     for f in (folder / DB_NAME,):
         fd = os.open(f, os.O_RDONLY)
@@ -739,99 +597,3 @@ def _init_folder(folder: Path, name: str, spec: CollectionSpec) -> None:
         finally:
             os.close(fd)
     fsync_dir(folder)
-
-
-def _preview(items: Sequence[str], n: int = 5) -> str:
-    s = ", ".join(repr(i) for i in items[:n])
-    return s + (f" and {len(items) - n} more" if len(items) > n else "")
-
-
-def _check_ids(ids: Any, allow_duplicates: bool = False) -> list[str]:
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise InvalidInputError("ids must be a list of strings")
-    ids = list(ids)
-    bad = [i for i in ids if not isinstance(i, str) or not i]
-    if bad:
-        raise InvalidInputError(f"ids must be non-empty strings; got {_preview([repr(b) for b in bad])}")
-    if not allow_duplicates and len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        dups = list(dict.fromkeys(i for i in ids if i in seen or seen.add(i)))
-        raise InvalidInputError(
-            f"duplicate ids in one batch: {_preview(dups)}; each id may appear once per add() call")
-    return ids
-
-
-def _check_texts(texts: Any, n: int) -> list[str | None]:
-    if texts is None:
-        return [None] * n
-    texts = list(texts)
-    if len(texts) != n:
-        raise InvalidInputError(f"{n} ids but {len(texts)} texts")
-    if any(t is not None and not isinstance(t, str) for t in texts):
-        raise InvalidInputError("texts must be strings or None")
-    return texts
-
-
-def _check_metadata(metadata: Any, ids: list[str]) -> list[str | None]:
-    if metadata is None:
-        return [None] * len(ids)
-    metadata = list(metadata)
-    if len(metadata) != len(ids):
-        raise InvalidInputError(f"{len(ids)} ids but {len(metadata)} metadata entries")
-    out = []
-    for i, m in zip(ids, metadata):
-        if m is None:
-            out.append(None)
-            continue
-        if not isinstance(m, dict):
-            raise InvalidInputError(f"metadata of id {i!r} must be a dict or None")
-        try:
-            out.append(json.dumps(m, ensure_ascii=False, allow_nan=False))
-        except (TypeError, ValueError) as e:
-            raise InvalidInputError(f"metadata of id {i!r} is not JSON-serializable: {e}") from None
-    return out
-
-
-def _as_matrix(x: Any, dim: int, what: str, coll: str, ids: list[str] | None = None) -> np.ndarray:
-    try:
-        a = np.asarray(x)
-    except ValueError:
-        raise InvalidInputError(f"{what} must be a 2-D numeric array [n, {dim}]") from None
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise InvalidInputError(f"{what} must be a 2-D numeric array [n, {dim}] (got dtype {a.dtype})")
-    if a.ndim == 1 and a.size == 0:
-        a = a.reshape(0, dim)
-    if a.ndim != 2:
-        raise InvalidInputError(f"{what} must be a 2-D array [n, {dim}], got shape {a.shape}")
-    if a.shape[1] != dim:
-        raise SpecMismatchError(
-            f"{what} have dimension {a.shape[1]} but collection {coll!r} stores {dim}-d vectors; "
-            "use the collection's model/pooler (or a collection made for this dimension)")
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    if not np.isfinite(a).all():
-        row = int(np.flatnonzero(~np.isfinite(a).all(axis=1))[0])
-        where = f"the vector of id {ids[row]!r}" if ids is not None and row < len(ids) else f"row {row}"
-        raise InvalidInputError(f"{what}: {where} contains NaN or infinity; nothing was changed")
-    return a
-
-
-def _check_norms(norms: np.ndarray, label) -> None:
-    bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOL)
-    if len(bad):
-        r = int(bad[0])
-        raise SpecMismatchError(
-            f"{label(r)} has L2 norm {norms[r]:.4g}, but the collection stores normalized vectors; "
-            "L2-normalize the vectors (or create the collection with normalized=False)")
-
-
-def _topk(scores: np.ndarray, ids: np.ndarray, k: int) -> list[tuple[float, int]]:
-    """Best k (score, id), descending; ties broken by position (stable)."""
-    n = len(scores)
-    if n == 0:
-        return []
-    if n > 4 * k:
-        part = np.argpartition(-scores, k - 1)[:k]
-        order = part[np.lexsort((part, -scores[part]))]
-    else:
-        order = np.argsort(-scores, kind="stable")[:k]
-    return [(float(scores[j]), int(ids[j])) for j in order]

@@ -57,3 +57,8 @@ class CollectionLockedError(CollectionError):
 
 class CorruptCollectionError(CollectionError):
     """The files of a collection contradict each other (should never happen after a crash)."""
+
+
+class BackendError(CollectionError):
+    """The storage backend failed or is unreachable (a Milvus server down, a Milvus error);
+    not the caller's fault -- an HTTP layer should answer 503."""

@@ -31,6 +31,11 @@ def min_training_vectors(factory: str) -> int:
     return need
 
 
+def default_nprobe(nlist: int) -> int:
+    """Inverted lists probed per query: 1/16 of them, at least 8 (all of them if fewer)."""
+    return min(nlist, max(8, nlist // 16))
+
+
 def recommended_training_vectors(factory: str) -> int:
     """What FAISS recommends (39 points per centroid); more than :func:`min_training_vectors`."""
     rec = min_training_vectors(factory)
@@ -62,7 +67,7 @@ class SingleStore:
         if _has_ivf(idx):
             ivf = faiss.extract_index_ivf(idx)
             ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # reconstruct + remove by id
-            ivf.nprobe = min(ivf.nlist, max(8, ivf.nlist // 16))
+            ivf.nprobe = default_nprobe(ivf.nlist)
         inner = _inner(idx)
         if isinstance(inner, faiss.IndexHNSW):
             inner.hnsw.efSearch = HNSW_EF_SEARCH

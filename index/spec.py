@@ -149,21 +149,37 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             f"{folder} is not an embedpool collection (no {MANIFEST}); pass the data directory "
             "and a collection name, or create the collection first")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
         raise NotACollectionError(f"{path} is not a readable collection manifest: {e}") from None
+    return parse_manifest(text, str(path))
+
+
+def new_manifest(name: str, spec: CollectionSpec, created: str, **extra: Any) -> dict[str, Any]:
+    """The manifest of a new collection (``extra``: e.g. ``backend``, ``counts``)."""
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "name": name,
+            **spec.to_dict(), **extra, "created": created, "updated": created}
+
+
+def parse_manifest(text: str, where: str) -> dict[str, Any]:
+    """Parse and check a manifest (JSON text from a file or a Milvus collection property);
+    raise NotACollection / FormatVersion errors naming ``where``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise NotACollectionError(f"{where} is not a readable collection manifest: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise NotACollectionError(
-            f"{path} is not an embedpool collection manifest (missing \"format\": \"{FORMAT_NAME}\")")
+            f"{where} is not an embedpool collection manifest (missing \"format\": \"{FORMAT_NAME}\")")
     version = data.get("format_version")
     if not isinstance(version, int) or version < 1:
-        raise NotACollectionError(f"{path}: bad format_version {version!r}")
+        raise NotACollectionError(f"{where}: bad format_version {version!r}")
     if version > FORMAT_VERSION:
         raise FormatVersionError(
-            f"{path} has format version {version}, newer than this embedpool supports "
+            f"{where} has format version {version}, newer than this embedpool supports "
             f"({FORMAT_VERSION}); upgrade embedpool to open it")
     try:
         CollectionSpec.from_dict(data).validate()
     except InvalidInputError as e:
-        raise NotACollectionError(f"{path}: invalid spec in manifest: {e}") from None
+        raise NotACollectionError(f"{where}: invalid spec in manifest: {e}") from None
     return data

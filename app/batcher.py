@@ -1,0 +1,345 @@
+"""The micro-batcher: one worker thread that owns the encoder.
+
+Requests enter a bounded queue (counted in inputs). The worker takes the oldest requests --
+splitting a large one into slices -- until a token budget is reached, groups the slices by the
+options that change the forward pass or its post-processing (role, truncate, normalize,
+dimensions), and calls :meth:`poolers.Embedder.embed` once per group with the union of the
+group's pooler specs. The engine sorts that group's texts by length and cuts them into
+token-budget forward batches, so texts of different clients share forward batches, and one
+forward pass per tokenization plan serves every pooler asked for.
+
+The event loop only enqueues and awaits (:meth:`Batcher.embed`), so it keeps answering while the
+worker encodes. A full queue raises :class:`Overloaded` (HTTP 429). A cancelled request (client
+gone) is skipped if the worker has not reached it yet, and its remaining slices are dropped.
+An input's vector does not depend on what it was batched with (up to float rounding of a
+differently padded batch): per-text pooling only ever reads that text's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+log = logging.getLogger("embedpool.batcher")
+
+
+class Overloaded(Exception):
+    """The queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Stopped(Exception):
+    """The batcher was stopped (server shutting down)."""
+
+
+class BatchObserver(Protocol):  # what the server's metrics implement
+    def on_queue(self, inputs: int, requests: int) -> None: ...
+    def on_round(self, inputs: int, tokens: int, seconds: float) -> None: ...
+    def on_dropped(self, inputs: int) -> None: ...
+    def on_rejected(self) -> None: ...
+
+
+@dataclass
+class EmbedOutput:
+    """What one request gets back: vectors per canonical pooler spec, in input order."""
+
+    vectors: dict[str, list[np.ndarray]]
+    multi_vector: dict[str, bool]
+    tokens: int
+
+
+@dataclass(eq=False)
+class Job:
+    texts: list[str]
+    specs: list[str]
+    role: str
+    normalize: bool
+    dimensions: int | None
+    truncate: bool
+    est_tokens: list[int]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    taken: int = 0  # inputs handed to the worker so far
+    done: int = 0  # inputs finished
+    tokens: int = 0
+    cancelled: bool = False
+    vectors: dict[str, list] = field(default_factory=dict)
+    multi_vector: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple:
+        return (self.role, self.truncate, self.normalize, self.dimensions)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Slice:
+    job: Job
+    start: int
+    end: int
+
+
+def estimate_tokens(text: str, cap: int | None) -> int:
+    """A cheap token estimate for scheduling (about 4 characters per token, plus specials)."""
+    n = len(text) // 4 + 2
+    return min(n, cap) if cap else n
+
+
+class Batcher:
+    """Batches embedding requests across clients onto one worker thread.
+
+    Args:
+        embedder: a loaded :class:`poolers.Embedder` (used from the worker thread only).
+        max_queue: inputs that may wait before :meth:`submit` raises :class:`Overloaded`
+            (a request arriving at an empty queue is always admitted).
+        max_batch_tokens: estimated tokens the worker takes per round.
+        max_wait_ms: how long the worker waits for more requests before starting a round
+            that is not full.
+        observer: optional metrics sink (see :class:`BatchObserver`).
+    """
+
+    def __init__(self, embedder: Any, *, max_queue: int = 1024, max_batch_tokens: int = 16384,
+                 max_wait_ms: float = 2.0, observer: BatchObserver | None = None) -> None:
+        self.embedder = embedder
+        self.max_queue = int(max_queue)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.observer = observer
+        self._pending: deque[Job] = deque()
+        self._queued_inputs = 0
+        self._queued_tokens = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._rate = 0.0  # inputs per second, moving average (for Retry-After)
+        encoder = getattr(embedder, "encoder", None)
+        self._cap = int(getattr(encoder, "max_length", 0) or 0) or None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Batcher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="embedpool-batcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Fail waiting requests with :class:`Stopped` and end the worker after its round."""
+        with self._cond:
+            self._stopping = True
+            pending = list(self._pending)
+            self._pending.clear()
+            self._queued_inputs = self._queued_tokens = 0
+            self._cond.notify_all()
+        for job in pending:
+            if not job.future.done():
+                job.future.set_exception(Stopped("the server is shutting down"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def queued_inputs(self) -> int:
+        return self._queued_inputs
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ client side
+    def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
+               normalize: bool = True, dimensions: int | None = None, truncate: bool = True) -> Job:
+        """Enqueue a request (thread-safe, never blocks on the encoder)."""
+        texts = list(texts)
+        specs = list(dict.fromkeys(specs))
+        cap = self._cap if truncate else None
+        job = Job(texts, specs, role, bool(normalize), dimensions, bool(truncate),
+                  [estimate_tokens(t, cap) for t in texts])
+        if not texts:
+            job.future.set_result(EmbedOutput({s: [] for s in specs}, {}, 0))
+            return job
+        with self._cond:
+            if self._stopping:
+                raise Stopped("the server is shutting down")
+            if self._queued_inputs and self._queued_inputs + len(texts) > self.max_queue:
+                if self.observer:
+                    self.observer.on_rejected()
+                raise Overloaded(
+                    f"the queue is full ({self._queued_inputs} inputs waiting, limit "
+                    f"{self.max_queue}); retry later", self._retry_after())
+            self._pending.append(job)
+            self._queued_inputs += len(texts)
+            self._queued_tokens += sum(job.est_tokens)
+            self._notify_queue()
+            self._cond.notify()
+        return job
+
+    async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
+        """Submit and await the result; cancelling the awaiting task drops the request."""
+        job = self.submit(texts, specs, **options)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(job.future))
+        except asyncio.CancelledError:
+            self.cancel(job)
+            raise
+
+    def cancel(self, job: Job) -> None:
+        """Drop what the worker has not started of ``job`` (e.g. its client disconnected)."""
+        with self._cond:
+            if job.cancelled or job.future.done():
+                return
+            job.cancel()
+            left = len(job.texts) - job.taken
+            if job in self._pending:
+                self._pending.remove(job)
+                self._queued_inputs -= left
+                self._queued_tokens -= sum(job.est_tokens[job.taken:])
+                self._notify_queue()
+        if self.observer and left:
+            self.observer.on_dropped(left)
+        if not job.future.done():
+            job.future.cancel()
+
+    def _retry_after(self) -> int:
+        if self._rate <= 0:
+            return 1
+        return int(min(60, max(1, math.ceil(self._queued_inputs / self._rate))))
+
+    def _notify_queue(self) -> None:
+        if self.observer:
+            self.observer.on_queue(self._queued_inputs, len(self._pending))
+
+    # ------------------------------------------------------------------ worker side
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                if self.max_wait and self._queued_tokens < self.max_batch_tokens:
+                    deadline = time.monotonic() + self.max_wait
+                    while self._queued_tokens < self.max_batch_tokens and not self._stopping:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                slices = self._take()
+            if slices:
+                try:
+                    self._process(slices)
+                except BaseException as exc:  # never let the worker die silently
+                    log.exception("batcher round failed")
+                    for s in slices:
+                        self._fail(s.job, exc)
+
+    def _take(self) -> list[_Slice]:
+        """The oldest requests (large ones sliced) up to the token budget; caller holds the lock."""
+        out: list[_Slice] = []
+        budget = self.max_batch_tokens
+        while self._pending and budget > 0:
+            job = self._pending[0]
+            start = end = job.taken
+            while end < len(job.texts) and (end == start and not out or job.est_tokens[end] <= budget):
+                budget -= job.est_tokens[end]
+                end += 1
+            if end == start:
+                break
+            out.append(_Slice(job, start, end))
+            job.taken = end
+            self._queued_inputs -= end - start
+            self._queued_tokens -= sum(job.est_tokens[start:end])
+            if end == len(job.texts):
+                self._pending.popleft()
+        self._notify_queue()
+        return out
+
+    def _process(self, slices: list[_Slice]) -> None:
+        t0 = time.perf_counter()
+        groups: dict[tuple, list[_Slice]] = {}
+        for s in slices:
+            if not s.job.cancelled:
+                groups.setdefault(s.job.key, []).append(s)
+        n_inputs = n_tokens = 0
+        for group in groups.values():
+            n_inputs += sum(s.end - s.start for s in group)
+            n_tokens += self._run_group(group)
+        dt = time.perf_counter() - t0
+        if n_inputs and dt > 0:
+            inst = n_inputs / dt
+            self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
+        if self.observer and n_inputs:
+            self.observer.on_round(n_inputs, n_tokens, dt)
+
+    def _run_group(self, group: list[_Slice]) -> int:
+        job0 = group[0].job
+        specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
+        texts = [t for s in group for t in s.job.texts[s.start:s.end]]
+        try:
+            result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
+                                         dimensions=job0.dimensions, truncate=job0.truncate)
+        except (ValueError, TypeError) as exc:
+            if len(group) == 1:
+                self._fail(job0, exc)
+                return 0
+            # One request's input is bad (e.g. too long with truncate=false): run each alone
+            # so that only that request fails.
+            return sum(self._run_group([s]) for s in group)
+        counts = self._count_tokens(texts)
+        offset = 0
+        for s in group:
+            n = s.end - s.start
+            self._deliver(s, result, offset, counts[offset:offset + n])
+            offset += n
+        return int(result.tokens)
+
+    def _count_tokens(self, texts: list[str]) -> list[int]:
+        encoder = getattr(self.embedder, "encoder", None)
+        if encoder is None:
+            return [0] * len(texts)
+        return list(encoder.count_tokens(texts))
+
+    def _deliver(self, s: _Slice, result: Any, offset: int, counts: list[int]) -> None:
+        job = s.job
+        if job.cancelled or job.future.done():
+            return
+        n = s.end - s.start
+        for spec in job.specs:
+            dest = job.vectors.setdefault(spec, [None] * len(job.texts))
+            dest[s.start:s.end] = result.vectors[spec][offset:offset + n]
+            job.multi_vector[spec] = bool(result.multi_vector[spec])
+        job.tokens += int(sum(counts))
+        job.done += n
+        if job.done == len(job.texts):
+            try:
+                job.future.set_result(EmbedOutput(job.vectors, job.multi_vector, job.tokens))
+            except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                pass
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        with self._cond:
+            if job in self._pending:  # drop its remaining slices
+                self._pending.remove(job)
+                left = len(job.texts) - job.taken
+                self._queued_inputs -= left
+                self._queued_tokens -= sum(job.est_tokens[job.taken:])
+                job.taken = len(job.texts)
+                self._notify_queue()
+            job.cancelled = True
+        if not job.future.done():
+            try:
+                job.future.set_exception(exc)
+            except concurrent.futures.InvalidStateError:
+                pass

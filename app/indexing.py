@@ -1,0 +1,706 @@
+"""The batch indexing job behind ``embedpool index`` (and the evaluation command).
+
+Reads a corpus lazily (BEIR ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text
+lines, or stdin), embeds it with every requested pooler -- one forward pass per tokenization plan
+for all of them -- and writes one :class:`index.Collection` per pooler spec.
+
+Resumability: every ``commit_every`` input records the job commits each collection and then
+records, in ``<collection>/indexjob.json``, how many input records that collection holds and the
+id of the last one. A rerun skips those records (checking that the id at that position is still
+the same) and continues; records between the last job-state write and a crash are simply
+upserted again (same ids replace), and the final compaction removes any tombstones they left,
+so an interrupted and resumed run ends with the same documents and vectors as an uninterrupted
+one. The job state also pins the settings (corpus, fields, model, encoder precision, pooler,
+dimensions); a rerun with different ones is refused with a message naming them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index import Collection, CollectionSpec
+
+JOB_FILE = "indexjob.json"
+JOB_VERSION = 1
+FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
+
+
+class IndexJobError(ValueError):
+    """A user-facing error of the indexing job (bad corpus, changed settings, ...)."""
+
+
+# ---------------------------------------------------------------------------------- readers
+@dataclass
+class Record:
+    id: str
+    text: str
+    metadata: dict | None = None
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """Where the documents come from and how to read them.
+
+    Args:
+        path: a file, or ``-`` for stdin.
+        format: ``auto`` (by suffix and content), ``beir`` (``_id``, ``title`` + ``text``),
+            ``jsonl`` (``id_field``/``text_field``), ``parquet`` or ``text`` (one document per
+            line, the id is the line number starting at 0).
+        id_field / text_field: JSON / Parquet field names (default ``_id`` or ``id``, and ``text``).
+        title_field: prepended to the text with a space (BEIR: ``title``).
+    """
+
+    path: str
+    format: str = "auto"
+    id_field: str | None = None
+    text_field: str | None = None
+    title_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise IndexJobError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
+        if self.path != "-" and not Path(self.path).is_file():
+            raise FileNotFoundError(f"corpus file {self.path} does not exist")
+
+    @property
+    def is_stdin(self) -> bool:
+        return self.path == "-"
+
+    def resolved_format(self) -> str:
+        if self.format != "auto":
+            return self.format
+        if self.is_stdin:
+            return "jsonl"  # JSON lines; plain lines are read as text records (see _read_lines)
+        name = Path(self.path).name.lower()
+        if name.endswith((".parquet", ".pq")):
+            return "parquet"
+        if name.endswith(".txt"):
+            return "text"
+        return "jsonl"
+
+    def describe(self) -> dict[str, Any]:
+        """What the job state pins about the source."""
+        return {"path": "-" if self.is_stdin else str(Path(self.path).resolve()),
+                "format": self.resolved_format(), "id_field": self.id_field,
+                "text_field": self.text_field, "title_field": self.title_field}
+
+    def count(self) -> int | None:
+        """Number of records (for the ETA), or ``None`` for stdin."""
+        fmt = self.resolved_format()
+        if self.is_stdin:
+            return None
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(self.path).metadata.num_rows
+        n, last = 0, b"\n"
+        with open(self.path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                n += chunk.count(b"\n")
+                last = chunk[-1:]
+        if last != b"\n":
+            n += 1
+        return n
+
+    def records(self) -> Iterator[Record]:
+        fmt = self.resolved_format()
+        if fmt == "parquet":
+            yield from self._read_parquet()
+            return
+        if self.is_stdin:
+            stream = sys.stdin
+            yield from self._read_lines(stream, fmt)
+            return
+        with open(self.path, encoding="utf-8") as f:
+            yield from self._read_lines(f, fmt)
+
+    # -- JSON lines / text
+    def _read_lines(self, stream, fmt: str) -> Iterator[Record]:
+        where = "stdin" if self.is_stdin else self.path
+        n_rec = 0
+        for lineno, line in enumerate(stream, 1):
+            if fmt == "text":
+                yield Record(str(n_rec), line.rstrip("\n"))
+                n_rec += 1
+                continue
+            if not line.strip():
+                continue
+            s = line.lstrip()
+            if not s.startswith("{"):
+                if self.is_stdin and self.format == "auto":  # plain lines on stdin
+                    yield Record(str(n_rec), line.rstrip("\n"))
+                    n_rec += 1
+                    continue
+                raise IndexJobError(f"{where}, line {lineno}: not a JSON object; use --format text "
+                                    "for one document per line")
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError as e:
+                raise IndexJobError(f"{where}, line {lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise IndexJobError(f"{where}, line {lineno}: expected a JSON object")
+            yield self._from_mapping(obj, fmt, f"{where}, line {lineno}")
+            n_rec += 1
+
+    def _fields(self, keys, fmt: str) -> tuple[str, str, str | None]:
+        id_field = self.id_field or ("_id" if "_id" in keys or fmt == "beir" else "id")
+        text_field = self.text_field or "text"
+        title_field = self.title_field
+        if title_field is None and (fmt == "beir" or (fmt in ("jsonl", "parquet") and self.id_field is None
+                                                      and "_id" in keys and "title" in keys)):
+            title_field = "title"  # BEIR layout: documents are title + " " + text
+        return id_field, text_field, title_field
+
+    def _from_mapping(self, obj: dict, fmt: str, where: str) -> Record:
+        id_field, text_field, title_field = self._fields(obj.keys(), fmt)
+        if id_field not in obj or obj[id_field] is None:
+            raise IndexJobError(f"{where}: no id field {id_field!r}; choose one with --id-field")
+        if text_field not in obj:
+            raise IndexJobError(f"{where}: no text field {text_field!r}; choose one with --text-field")
+        text = obj[text_field]
+        text = "" if text is None else text
+        if not isinstance(text, str):
+            raise IndexJobError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
+        if title_field:
+            title = obj.get(title_field) or ""
+            if not isinstance(title, str):
+                raise IndexJobError(f"{where}: field {title_field!r} is not a string")
+            text = (title + " " + text).strip()
+        meta = obj.get("metadata")
+        return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
+
+    # -- Parquet (streamed by record batches)
+    def _read_parquet(self) -> Iterator[Record]:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(self.path)
+        names = pf.schema_arrow.names
+        id_field, text_field, title_field = self._fields(names, "parquet")
+        for f, flag in ((id_field, "--id-field"), (text_field, "--text-field")):
+            if f not in names:
+                raise IndexJobError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
+                                    f"choose one with {flag}")
+        cols = [id_field, text_field] + ([title_field] if title_field and title_field in names else [])
+        row = 0
+        for batch in pf.iter_batches(batch_size=1024, columns=cols):
+            d = batch.to_pydict()
+            titles = d.get(title_field) if title_field else None
+            for j, (i, t) in enumerate(zip(d[id_field], d[text_field])):
+                if i is None:
+                    raise IndexJobError(f"{self.path}, row {row}: null id")
+                t = t or ""
+                if titles is not None:
+                    t = ((titles[j] or "") + " " + t).strip()
+                yield Record(str(i), t)
+                row += 1
+
+
+# ---------------------------------------------------------------------------------- helpers
+_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def collection_name(base: str, spec: str, several: bool) -> str:
+    """``base`` for a lone pooler, else ``base-<spec>`` with the spec made filename-safe
+    (``cluster:pool_factor=3`` -> ``cluster-pool_factor-3``)."""
+    if not several:
+        return base
+    slug = re.sub(r"-{2,}", "-", _BAD.sub("-", spec.replace(":", "-").replace("=", "-").replace(",", "-"))).strip("-.")
+    name = f"{base}-{slug}"
+    if len(name) > 128:
+        import hashlib
+
+        name = name[:110] + "-" + hashlib.sha1(spec.encode()).hexdigest()[:12]
+    return name
+
+
+def _write_json_durable(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_job_state(folder: Path) -> dict | None:
+    path = Path(folder) / JOB_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise IndexJobError(f"{path} is unreadable ({e}); delete it and the collection to start over") from None
+
+
+class _DeferSigint:
+    """SIGINT raises KeyboardInterrupt at once, except inside :meth:`critical` blocks (adds,
+    commits, job-state writes), where it is held until the block ends. No-op off the main thread."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+        self.prev = None
+        self.active = False
+
+    def _handler(self, signum, frame) -> None:
+        if self.depth:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "_DeferSigint":
+        if threading.current_thread() is threading.main_thread():
+            self.prev = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handler)
+            self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self.prev)
+            self.active = False
+
+    @contextlib.contextmanager
+    def critical(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if not self.depth and self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+class _PoolTimer:
+    """Wall time spent in each pooler's ``pool`` (wrapped on the pooler instance)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.shared: dict[str, float] = {}  # forward time of the spec's plan in the last call
+
+    @contextlib.contextmanager
+    def timing(self, poolers: dict[str, Any]):
+        """Time ``pool`` of each ``{spec: pooler}`` within the block (an instance attribute that
+        shadows the class method, removed again afterwards)."""
+        wrapped = []
+        try:
+            for spec, pooler in poolers.items():
+                if "pool" in vars(pooler):
+                    continue  # already timed by an enclosing block
+                orig = type(pooler).pool
+
+                def pool(states, _p=pooler, _s=spec, _orig=orig):
+                    t = time.perf_counter()
+                    try:
+                        return _orig(_p, states)
+                    finally:
+                        self.seconds[_s] = self.seconds.get(_s, 0.0) + time.perf_counter() - t
+
+                pooler.pool = pool
+                wrapped.append(pooler)
+            yield
+        finally:
+            for pooler in wrapped:
+                del pooler.pool
+
+
+def embed_by_plan(embedder, texts: list[str], specs: list[str], role: str, *, normalize: bool = True,
+                  dimensions: int | None = None, on_batch: Callable[[int, int], None] | None = None,
+                  timer: _PoolTimer | None = None) -> tuple[dict[str, list[np.ndarray]], dict[str, float], int]:
+    """Embed ``texts`` with every spec: one ``Embedder.embed`` call (= one forward pass) per
+    tokenization plan. Returns ``(vectors per spec, seconds per spec, tokens)`` where a spec's
+    seconds are its plan's forward time (shared by the plan's poolers) plus its own pooling time
+    -- the time it would take to encode with that pooler alone."""
+    timer = timer or _PoolTimer()
+    groups: dict[str, list[str]] = {}
+    for s in specs:
+        groups.setdefault(embedder.pooler(s).plan.key, []).append(s)
+    vectors: dict[str, list[np.ndarray]] = {}
+    seconds: dict[str, float] = {}
+    tokens = 0
+    with timer.timing({s: embedder.pooler(s) for s in specs}):
+        for group in groups.values():
+            before = {s: timer.seconds.get(s, 0.0) for s in group}
+            t0 = time.perf_counter()
+            res = embedder.embed(texts, poolers=group, role=role, normalize=normalize,
+                                 dimensions=dimensions, on_batch=on_batch)
+            total = time.perf_counter() - t0
+            own = {s: timer.seconds.get(s, 0.0) - before[s] for s in group}
+            shared = max(total - sum(own.values()), 0.0)
+            for s in group:
+                vectors[s] = res.vectors[s]
+                seconds[s] = shared + own[s]
+                timer.shared[s] = shared
+            tokens += res.tokens
+    return vectors, seconds, tokens
+
+
+# ---------------------------------------------------------------------------------- the job
+@dataclass
+class Target:
+    """One output collection."""
+
+    spec: str  # canonical pooler spec
+    label: str  # as the user wrote it
+    name: str
+    multi: bool
+    plan: str
+    companion_of: list[str] = field(default_factory=list)
+    coll: Collection | None = None
+    committed: int = 0  # input records durably in the collection
+    added: int = 0  # input records added (committed or not)
+    last_id: str | None = None
+    encode_seconds: float = 0.0
+    settings: dict = field(default_factory=dict)
+
+
+class IndexJob:
+    """Index a stream of records into one collection per pooler spec.
+
+    Args:
+        embedder: a :class:`poolers.Embedder`.
+        data_dir: folder of collections.
+        name: collection name (``name`` for one pooler, ``name-<pooler>`` for several).
+        poolers: pooler specs.
+        source: a description of the corpus pinned in the job state (``CorpusSource.describe()``).
+        companion: pooler spec of the single-vector companion every multi-vector collection
+            gets for ``two_stage`` search (reuses a requested pooler of that spec; ``None``: none).
+        commit_every: commit after this many input records (rounded up to whole batches).
+        batch_docs: records per embedding call (length-sorted into token-budget forward batches).
+        factory / storage_precision / token_factory: index settings (see ``CollectionSpec``).
+        dimensions, normalize: post-processing (Matryoshka, L2).
+        store_text: keep document texts in the document store.
+        progress: show a tqdm bar on stderr.
+    """
+
+    def __init__(self, embedder, data_dir: str | os.PathLike, name: str, poolers: list[str], *,
+                 source: dict | None = None, companion: str | None = "mean", commit_every: int = 1000,
+                 batch_docs: int = 256, factory: str = "IDMap2,Flat", storage_precision: str = "float32",
+                 token_factory: str = "HNSW32", dimensions: int | None = None, normalize: bool = True,
+                 store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+        if not poolers:
+            raise IndexJobError("give at least one --pooler")
+        if commit_every < 1 or batch_docs < 1:
+            raise IndexJobError("commit_every and batch_docs must be >= 1")
+        embedder.check_dimensions(dimensions)
+        self.embedder = embedder
+        self.data_dir = Path(data_dir)
+        self.name = name
+        self.commit_every = int(commit_every)
+        self.batch_docs = int(min(batch_docs, commit_every))
+        self.dimensions = dimensions
+        self.normalize = normalize
+        self.store_text = store_text
+        self.progress = progress
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.timer = _PoolTimer()
+        self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory)
+
+        labels: dict[str, str] = {}
+        for p in poolers:
+            labels.setdefault(embedder.canonical(p), p)
+        several = len(labels) > 1
+        self.targets: dict[str, Target] = {}
+        for spec, label in labels.items():
+            pooler = embedder.pooler(spec)
+            self.targets[spec] = Target(spec, label, collection_name(name, label if several else spec, several),
+                                        bool(pooler.multi_vector), pooler.plan.key)
+        self.companion: str | None = None
+        multis = [t for t in self.targets.values() if t.multi]
+        if companion and multis:
+            cspec = embedder.canonical(companion)
+            cpool = embedder.pooler(cspec)
+            if cpool.multi_vector:
+                raise IndexJobError(f"companion pooler {companion!r} must be single-vector (e.g. mean)")
+            if cspec not in self.targets:
+                self.targets[cspec] = Target(cspec, companion, collection_name(name, companion, True),
+                                             False, cpool.plan.key)
+            self.companion = cspec
+            for t in multis:
+                self.targets[cspec].companion_of.append(t.spec)
+        engine = {"model": embedder.model_id,
+                  "encoder_precision": getattr(embedder.encoder, "precision", None),
+                  "dimensions": dimensions, "normalize": normalize, "role": "document"}
+        for t in self.targets.values():
+            t.settings = {"source": source or {}, **engine, "pooler": t.spec}
+        self.records_read = 0
+        self.records_indexed = 0
+        self.tokens = 0
+        self.elapsed = 0.0
+
+    # -- collections
+    def collection_spec(self, t: Target) -> CollectionSpec:
+        dim = self.dimensions or self.embedder.dim
+        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize)
+        if t.multi:
+            comp = self.targets[self.companion].name if self.companion else None
+            return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
+                                  token_factory=self.index_settings["token_factory"], companion=comp, **common)
+        return CollectionSpec(kind="single", factory=self.index_settings["factory"], **common)
+
+    def open(self) -> None:
+        """Open or create every collection and load (or start) its job state."""
+        try:
+            states = {}
+            for t in self.targets.values():  # settings first: the clearest message
+                folder = self.data_dir / t.name
+                state = read_job_state(folder) if folder.is_dir() else None
+                if state is not None:
+                    diffs = _diff_settings(state.get("settings", {}), t.settings)
+                    if diffs:
+                        raise IndexJobError(
+                            f"collection {t.name!r} was indexed with different settings ({'; '.join(diffs)}); "
+                            "rerun with the original settings to continue it, or use another --collection "
+                            "name (or delete the collection)")
+                states[t.spec] = state
+            for t in self.targets.values():
+                t.coll = Collection.open_or_create(self.data_dir, t.name, self.collection_spec(t))
+                state = states[t.spec]
+                if state is None:
+                    if len(t.coll):
+                        raise IndexJobError(
+                            f"collection {t.name!r} already holds {len(t.coll)} documents that were not "
+                            "written by `embedpool index`; use another --collection name or delete it")
+                    self._save_state(t)
+                    continue
+                t.committed = t.added = int(state.get("committed_records", 0))
+                t.last_id = state.get("last_id")
+                t.encode_seconds = float(state.get("encode_seconds", 0.0))
+        except BaseException:
+            self.close()
+            raise
+
+    def _save_state(self, t: Target) -> None:
+        _write_json_durable(t.coll.folder / JOB_FILE, {
+            "version": JOB_VERSION, "settings": t.settings, "committed_records": t.committed,
+            "last_id": t.last_id, "encode_seconds": round(t.encode_seconds, 3),
+            "collection": t.name, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    def close(self) -> None:
+        for t in self.targets.values():
+            if t.coll is not None:
+                t.coll.close()
+                t.coll = None
+
+    def __enter__(self) -> "IndexJob":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def start(self) -> int:
+        return min(t.committed for t in self.targets.values())
+
+    # -- the loop
+    def run(self, records: Iterable[Record], total: int | None = None) -> dict[str, Any]:
+        """Index ``records`` (the whole corpus, from its first record: already committed ones
+        are skipped). Returns the summary (see :meth:`summary`)."""
+        if any(t.coll is None for t in self.targets.values()):
+            self.open()
+        t_start = time.perf_counter()
+        start = self.start
+        checks = {t.committed - 1: t for t in self.targets.values() if t.committed > 0}
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=start, unit="doc", dynamic_ncols=True, file=sys.stderr,
+                       desc=f"indexing {self.name}", smoothing=0.1,
+                       mininterval=0.5 if sys.stderr.isatty() else 30)
+        if start:
+            self.log(f"resuming {self.name}: {start} records already committed")
+        chunk: list[tuple[int, Record]] = []
+        pos = -1
+        self._since_commit = 0
+        self._bar = bar
+        with _DeferSigint() as guard:
+            self._guard = guard
+            try:
+                for pos, rec in enumerate(records):
+                    if pos in checks:
+                        for t in [x for x in self.targets.values() if x.committed - 1 == pos]:
+                            if rec.id != t.last_id:
+                                raise IndexJobError(
+                                    f"the corpus changed since collection {t.name!r} was indexed: record "
+                                    f"{pos} is {rec.id!r}, it was {t.last_id!r}; use another --collection "
+                                    "name (or delete the collection) to index this corpus")
+                    if pos < start:
+                        continue
+                    chunk.append((pos, rec))
+                    if (pos + 1) % self.batch_docs == 0:
+                        self._process(chunk)
+                        chunk = []
+                if chunk:
+                    self._process(chunk)
+                self.records_read = pos + 1
+                for t in self.targets.values():
+                    if t.committed > self.records_read:
+                        raise IndexJobError(
+                            f"the corpus has {self.records_read} records but collection {t.name!r} "
+                            f"already holds {t.committed} of an earlier run; it is not the same corpus")
+                with guard.critical():
+                    self._commit_all()
+                    self._compact_if_needed()
+            except KeyboardInterrupt:
+                with guard.critical():
+                    self._commit_all()
+                self.log(f"\ninterrupted: {min(t.committed for t in self.targets.values())} records "
+                         "committed; rerun the same command to continue")
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+        self.elapsed = time.perf_counter() - t_start
+        return self.summary()
+
+    def _process(self, chunk: list[tuple[int, Record]]) -> None:
+        end = chunk[-1][0] + 1
+        active = [t for t in self.targets.values() if t.added < end]
+        if not active:
+            return
+        first = min(t.added for t in active)
+        recs = [(p, r) for p, r in chunk if p >= first]
+        # duplicate ids inside one batch: the last one wins (as an upsert in a later batch would)
+        last_of: dict[str, int] = {}
+        for j, (_, r) in enumerate(recs):
+            last_of[r.id] = j
+        keep = sorted(last_of.values())
+        texts = [recs[j][1].text for j in keep]
+        n_plans = len({t.plan for t in active})
+        progress = [0.0]
+
+        def on_batch(n_texts: int, tokens: int) -> None:
+            self.tokens += tokens
+            if self._bar is not None:
+                progress[0] += n_texts / n_plans
+                step = int(progress[0])
+                if step:
+                    progress[0] -= step
+                    self._bar.update(step)
+                el = self._bar.format_dict.get("elapsed") or 0
+                if el:
+                    self._bar.set_postfix_str(f"{self.tokens / el:,.0f} tok/s", refresh=False)
+
+        before = self._bar.n if self._bar is not None else 0
+        vectors, seconds, _ = embed_by_plan(self.embedder, texts, [t.spec for t in active], "document",
+                                            normalize=self.normalize, dimensions=self.dimensions,
+                                            on_batch=on_batch, timer=self.timer)
+        if self._bar is not None:
+            self._bar.update(before + len(recs) - self._bar.n)
+        with self._guard.critical():
+            for t in active:
+                # a target that is ahead (resumed at a later commit) only takes its new records
+                sel = [i for i, j in enumerate(keep) if recs[j][0] >= t.added]
+                ids = [recs[keep[i]][1].id for i in sel]
+                vec = [vectors[t.spec][i] for i in sel]
+                if ids:
+                    t.coll.add(ids, vec if t.multi else np.stack(vec),
+                               texts=[texts[i] for i in sel] if self.store_text else None,
+                               metadata=[recs[keep[i]][1].metadata for i in sel],
+                               model=self.embedder.model_id, pooler=t.spec)
+                t.encode_seconds += seconds[t.spec] * (len(sel) / max(len(keep), 1))
+                t.added = end
+                t.last_id = chunk[-1][1].id
+            self.records_indexed += len(recs)
+            self._since_commit += len(recs)
+            if self._since_commit >= self.commit_every:
+                self._commit_all()
+
+    def _commit_all(self) -> None:
+        for t in self.targets.values():
+            if t.coll is None or t.added == t.committed:
+                continue
+            t.coll.commit()
+            t.committed = t.added
+            self._save_state(t)
+        self._since_commit = 0
+
+    def _compact_if_needed(self) -> None:
+        """Records re-added after a crash leave tombstones: rebuild so the result equals an
+        uninterrupted run."""
+        for t in self.targets.values():
+            if t.coll.stats().get("tombstones"):
+                t.coll.compact()
+
+    def summary(self) -> dict[str, Any]:
+        rows = []
+        for t in self.targets.values():
+            st = t.coll.stats() if t.coll is not None else {}
+            rows.append({"pooler": t.label, "spec": t.spec, "collection": t.name,
+                         "kind": "multi" if t.multi else "single",
+                         "companion": self.targets[self.companion].name if t.multi and self.companion else None,
+                         "documents": st.get("documents"), "vectors": st.get("vectors"),
+                         "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),
+                         "encode_seconds": round(t.encode_seconds, 3)})
+        secs = self.elapsed
+        return {"collection": self.name, "data_dir": str(self.data_dir), "records": self.records_read,
+                "indexed_this_run": self.records_indexed, "seconds": round(secs, 3),
+                "docs_per_s": round(self.records_indexed / secs, 2) if secs else None,
+                "tokens": self.tokens, "tokens_per_s": round(self.tokens / secs, 1) if secs else None,
+                "bytes_on_disk": sum(r["bytes_on_disk"] or 0 for r in rows), "collections": rows}
+
+
+def _diff_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff_settings(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} then, {b!r} now")
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The end-of-job summary as a small table."""
+    head = (f"{s['records']} records ({s['indexed_this_run']} this run) in {s['seconds']:.1f}s"
+            + (f", {s['docs_per_s']:.1f} docs/s, {s['tokens_per_s']:,.0f} tokens/s" if s["docs_per_s"] else "")
+            + f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}")
+    cols = ["collection", "pooler", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk", "encode_seconds"]
+    rows = [[_fmt(r[c]) for c in cols] for r in s["collections"]]
+    return head + "\n" + render_table(cols, rows)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "" if v is None else str(v)
+
+
+def render_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Plain fixed-width table (numbers right-aligned)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for c, w in zip(cells, widths):
+            num = bool(re.fullmatch(r"[-+]?[\d,.]+(e[-+]?\d+)?%?", c))
+            out.append(c.rjust(w) if num else c.ljust(w))
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])

@@ -1,0 +1,68 @@
+"""The app factory: settings, engine, collections, middleware, routers and error handlers."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.server import errors
+from app.server.auth import AuthMiddleware
+from app.server.limits import BodyLimitMiddleware
+from app.server.metrics import Metrics, MetricsMiddleware
+from app.server.routers import collections, embed, health, openai
+from app.server.state import Collections, Engine
+from app.settings import Settings
+
+log = logging.getLogger("embedpool.server")
+
+DESCRIPTION = """Embeddings from a frozen encoder with configurable token poolers, and vector
+collections to search them.
+
+Errors answer `{"error": message, "type": kind}` (OpenAI's shape under `/v1/`): 401
+unauthorized, 404 not found, 409 conflict, 413 too large, 422 validation, 429 overloaded
+(`Retry-After`), 503 not ready. When the server has an API key, send `Authorization: Bearer <key>`
+(every route but `/health` and `/metrics`)."""
+
+
+def create_app(settings: Settings | None = None, *, embedder: Any = None) -> FastAPI:
+    """Build the app. The model loads in a background thread when the app starts (``/health``
+    answers 503 meanwhile) unless a loaded ``embedder`` is given."""
+    settings = settings or Settings()
+    metrics = Metrics()
+    engine = Engine(settings, metrics, embedder)
+    colls = Collections(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+            colls.close()
+
+    app = FastAPI(title="embedpool", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.engine = engine
+    app.state.collections = colls
+    for router in (health.router, embed.router, openai.router, collections.router):
+        app.include_router(router)
+    errors.install(app)
+    # Outermost last: metrics see every answer, auth runs before the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_payload_bytes)
+    app.add_middleware(AuthMiddleware, api_key=settings.api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("embedpool")
+    except PackageNotFoundError:
+        return "0"

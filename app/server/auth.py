@@ -1,0 +1,58 @@
+"""API-key authentication (``Authorization: Bearer <key>``) when ``api_key`` is set.
+
+The key is checked by :class:`AuthMiddleware` before the body is read, on every route but
+``/health``, ``/metrics`` and the API docs (``/docs``, ``/redoc``, ``/openapi.json``: they hold no
+data, and Swagger UI's *Authorize* button needs the page to load). :func:`require_api_key` is the
+same check as a FastAPI dependency, so that the protected routes declare the Bearer scheme in
+the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.server.errors import Unauthorized, render
+
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+bearer_scheme = HTTPBearer(auto_error=False, description="the server's API key (EMBEDPOOL_API_KEY)")
+
+
+def check(authorization: str | None, api_key: str | None) -> None:
+    """Raise :class:`Unauthorized` unless ``authorization`` is ``Bearer <api_key>``."""
+    if not api_key:
+        return
+    if not authorization:
+        raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+        raise Unauthorized("invalid API key: send the header 'Authorization: Bearer <key>' with the server's key")
+
+
+async def require_api_key(request: Request,
+                          _: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> None:
+    check(request.headers.get("authorization"), request.app.state.settings.api_key)
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.api_key and scope["path"] not in PUBLIC_PATHS:
+            header = None
+            for k, v in scope.get("headers", ()):
+                if k == b"authorization":
+                    header = v.decode("latin-1")
+                    break
+            try:
+                check(header, self.api_key)
+            except Unauthorized as err:
+                await render(scope["path"], err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

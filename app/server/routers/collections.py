@@ -1,0 +1,215 @@
+"""Collections, their documents, and search.
+
+Documents are embedded with the collection's pooler (role ``document``) through the batcher and
+upserted; queries are embedded with role ``query``. Every write is committed before the answer.
+Blocking index calls run in the thread pool, so the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+import index
+from app.server.auth import require_api_key
+from app.server.deps import get_collections, get_engine
+from app.server.errors import Conflict, Invalid
+from app.server.limits import check_inputs
+from app.server.responses import JSON
+from app.server.schemas import (
+    CollectionCreate,
+    CollectionInfo,
+    CollectionList,
+    Deleted,
+    DocumentIn,
+    DocumentOut,
+    DocumentsIn,
+    DocumentsUpserted,
+    SearchRequest,
+    SearchResponse,
+)
+from app.server.state import Collections, Engine
+
+log = logging.getLogger("embedpool.server")
+
+router = APIRouter(prefix="/collections", tags=["collections"], dependencies=[Depends(require_api_key)])
+
+NAME = Path(..., description="collection name", max_length=128)
+E404 = {404: {"description": "unknown collection or document"}}
+E409 = {409: {"description": "collection exists with other settings, or was made by another model"}}
+E422 = {422: {"description": "invalid field"}}
+
+
+def _info(name: str, manifest: dict[str, Any], stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = index.CollectionSpec.from_dict(manifest)
+    return {"name": name, **spec.to_dict(), "documents": int(manifest.get("counts", {}).get("documents", 0)),
+            "created": manifest.get("created"), "updated": manifest.get("updated"), "stats": stats}
+
+
+def _dimensions(engine: Engine, coll: index.CollectionBase) -> int | None:
+    """The Matryoshka ``dimensions`` that gives the collection's vectors (None: the model's)."""
+    dim = engine.embedder.dim
+    return None if coll.spec.dim == dim else coll.spec.dim
+
+
+def _check_model(engine: Engine, coll: index.CollectionBase) -> None:
+    if coll.spec.model and coll.spec.model != engine.embedder.model_id:
+        raise Conflict(f"collection {coll.name!r} holds vectors of model {coll.spec.model!r}, but this "
+                       f"server runs {engine.embedder.model_id!r}; serve that model or use another collection")
+
+
+async def _open(collections: Collections, engine: Engine, name: str) -> index.CollectionBase:
+    engine.require()
+    coll = await run_in_threadpool(collections.get, name)
+    _check_model(engine, coll)
+    return coll
+
+
+# ---------------------------------------------------------------------- collections
+@router.post("", status_code=201, response_model=CollectionInfo,
+             responses={200: {"model": CollectionInfo, "description": "it already existed with these settings"},
+                        **E409, **E422})
+async def create_collection(body: CollectionCreate, response: Response, engine: Engine = Depends(get_engine),
+                            collections: Collections = Depends(get_collections),
+                            dimensions: int | None = Query(None, ge=1, description="Matryoshka: store the first N dimensions")) -> Any:
+    """Create a collection for the server's model and a pooler (201), or return the existing one
+    if its settings are the same (200); other settings: 409."""
+    engine.require()
+    spec_str, multi = engine.pooler(body.pooler)
+    kind = body.kind or ("multi" if multi else "single")
+    if multi and kind == "single":
+        raise Invalid(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
+                      "or a single-vector pooler", param="kind")
+    if not multi and kind == "multi":
+        raise Invalid(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
+                      "or a multi-vector pooler (tokens, cluster)", param="kind")
+    if body.companion is not None and kind != "multi":
+        raise Invalid("companion: only multi-vector collections have a companion", param="companion")
+    engine.check_dimensions(dimensions)
+    spec = index.CollectionSpec(
+        kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=dimensions or engine.embedder.dim,
+        metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
+        token_factory=body.token_factory, companion=body.companion)
+    coll, created = await run_in_threadpool(collections.create, body.name, spec)
+    response.status_code = 201 if created else 200
+    return _info(coll.name, coll.manifest)
+
+
+@router.get("", response_model=CollectionList)
+def list_collections(collections: Collections = Depends(get_collections)) -> Any:
+    """Every collection of the data directory, with its settings and document count."""
+    out = []
+    for name in collections.names():
+        try:
+            out.append(_info(name, collections.manifest(name)))
+        except index.CollectionError as exc:
+            log.warning("skipping collection %s: %s", name, exc)
+    return {"collections": out}
+
+
+@router.get("/{name}", response_model=CollectionInfo, responses=E404)
+def get_collection(name: str = NAME, collections: Collections = Depends(get_collections)) -> Any:
+    """One collection's settings, counts and storage statistics."""
+    coll = collections.get(name)
+    return _info(coll.name, coll.manifest, coll.stats())
+
+
+@router.delete("/{name}", response_model=Deleted, responses=E404)
+def delete_collection(name: str = NAME, collections: Collections = Depends(get_collections)) -> Any:
+    """Delete a collection and all its documents."""
+    collections.delete(name)
+    return {"deleted": name}
+
+
+# ---------------------------------------------------------------------- documents
+@router.post("/{name}/documents", response_model=DocumentsUpserted, responses={**E404, **E409, **E422})
+async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsIn, name: str = NAME,
+                           engine: Engine = Depends(get_engine),
+                           collections: Collections = Depends(get_collections)) -> Any:
+    """Embed and insert (or replace, by id) documents: a list of `{id, text, metadata}` or
+    `{"documents": [...]}`. Committed before the answer."""
+    docs = body.documents if isinstance(body, DocumentsIn) else body
+    if not docs:
+        raise Invalid("documents: empty list; give at least one {id, text, metadata}", param="documents")
+    texts = [d.text for d in docs]
+    check_inputs(texts, engine.settings, "documents")
+    coll = await _open(collections, engine, name)
+    spec_str, _ = engine.pooler(coll.spec.pooler, trusted=True)
+    out = await engine.embed(request, texts, [spec_str], role="document", normalize=coll.spec.normalized,
+                             dimensions=_dimensions(engine, coll))
+    vecs = out.vectors[spec_str]
+    vectors: Any = np.stack(vecs) if coll.spec.kind == "single" else vecs
+    await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs], vectors, texts,
+                            [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler)
+    return JSON({"upserted": len(docs), "documents": len(coll), "usage": {"tokens": out.tokens}})
+
+
+@router.get("/{name}/documents/{doc_id:path}", response_model=DocumentOut, responses=E404)
+def get_document(name: str = NAME, doc_id: str = Path(..., description="document id"),
+                 include_vector: bool = Query(False, description="also return the stored vector(s)"),
+                 collections: Collections = Depends(get_collections)) -> Any:
+    """A stored document: id, text, metadata (and its vector or token vectors)."""
+    doc = collections.get(name).get(doc_id)
+    out = {"id": doc["id"], "text": doc["text"], "metadata": doc["metadata"]}
+    if include_vector:
+        out["vector"] = doc.get("vector", doc.get("vectors"))
+    return JSON(out)
+
+
+@router.delete("/{name}/documents/{doc_id:path}", response_model=Deleted, responses=E404)
+def delete_document(name: str = NAME, doc_id: str = Path(..., description="document id"),
+                    collections: Collections = Depends(get_collections)) -> Any:
+    """Delete one document (committed before the answer)."""
+    coll = collections.get(name)
+    collections.write(coll, "delete", [doc_id])
+    return {"deleted": doc_id}
+
+
+# ---------------------------------------------------------------------- search
+@router.post("/{name}/search", response_model=SearchResponse, responses={**E404, **E409, **E422})
+async def search(request: Request, body: SearchRequest, name: str = NAME, engine: Engine = Depends(get_engine),
+                 collections: Collections = Depends(get_collections)) -> Any:
+    """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`).
+    Scores: inner product (cosine when normalized), squared L2 for `l2`, MaxSim for multi-vector."""
+    texts = [body.query] if body.query is not None else list(body.queries or [])
+    check_inputs(texts, engine.settings, "queries" if body.queries is not None else "query")
+    coll = await _open(collections, engine, name)
+    spec_str, _ = engine.pooler(coll.spec.pooler, trusted=True)
+    options = {"role": "query", "normalize": coll.spec.normalized, "dimensions": _dimensions(engine, coll)}
+    kwargs: dict[str, Any] = {"k": body.k}
+    tokens = 0
+    if coll.spec.kind == "multi":
+        kwargs.update(mode=body.mode, candidates=body.candidates, k_token=body.k_token)
+        if body.mode == "two_stage":
+            if not coll.spec.companion:
+                raise Invalid(f"mode: collection {name!r} has no companion collection; create it with "
+                              "'companion' set, or use mode 'exhaustive' or 'tokens'", param="mode")
+            comp = await _open(collections, engine, coll.spec.companion)
+            comp_spec, _ = engine.pooler(comp.spec.pooler, trusted=True)
+            comp_options = {"role": "query", "normalize": comp.spec.normalized,
+                            "dimensions": _dimensions(engine, comp)}
+            if comp_options == options:  # one forward pass for both poolers
+                out = await engine.embed(request, texts, [spec_str, comp_spec], **options)
+                comp_vecs = out.vectors[comp_spec]
+            else:
+                comp_out = await engine.embed(request, texts, [comp_spec], **comp_options)
+                out = await engine.embed(request, texts, [spec_str], **options)
+                comp_vecs, tokens = comp_out.vectors[comp_spec], comp_out.tokens
+            kwargs.update(companion_queries=np.stack(comp_vecs), companion=comp)
+        else:
+            out = await engine.embed(request, texts, [spec_str], **options)
+        queries: Any = out.vectors[spec_str]
+    else:
+        out = await engine.embed(request, texts, [spec_str], **options)
+        queries = np.stack(out.vectors[spec_str])
+    results = await run_in_threadpool(coll.search, queries, **kwargs)
+    hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
+              **({"text": h.text} if body.include_text else {})} for h in r] for r in results]
+    usage = {"tokens": out.tokens + tokens}
+    if body.query is not None:
+        return JSON({"hits": hits[0], "usage": usage})
+    return JSON({"results": hits, "usage": usage})

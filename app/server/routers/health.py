@@ -1,0 +1,66 @@
+"""``/health``, ``/info`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from app.server.auth import require_api_key
+from app.server.deps import get_collections, get_engine
+from app.server.schemas import Health, Info, PoolerInfo
+from app.server.state import Collections, Engine
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health", response_model=Health,
+            responses={503: {"model": Health, "description": "the model is loading (or failed to load)"}})
+async def health(engine: Engine = Depends(get_engine)) -> Response:
+    """200 once the model is loaded and the batcher runs; 503 while it loads (no API key needed)."""
+    from app.server.responses import JSON
+
+    body = Health(status=engine.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
+                  error=engine.error)
+    return JSON(body.model_dump(exclude_none=True), status_code=200 if engine.status == "ready" else 503)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (no API key needed)."""
+    m = request.app.state.metrics
+    return Response(m.render(), media_type=m.content_type)
+
+
+@router.get("/info", response_model=Info, dependencies=[Depends(require_api_key)])
+def info(engine: Engine = Depends(get_engine), collections: Collections = Depends(get_collections)) -> Info:
+    """The model, its dimension and window, the poolers and the collections."""
+    from poolers import REGISTRY
+
+    s = engine.settings
+    emb = engine.embedder if engine.status == "ready" else None
+    poolers = [PoolerInfo(name=name, options={k: t.__name__ for k, t in cls.options.items()},
+                          multi_vector=cls.multi_vector if isinstance(cls.multi_vector, bool) else None)
+               for name, cls in sorted(REGISTRY.items())]
+    return Info(
+        status=engine.status,
+        version=_version(),
+        model=emb.model_id if emb else s.model,
+        dim=emb.dim if emb else None,
+        max_length=emb.encoder.max_length if emb else None,
+        precision=s.precision,
+        default_pooler=engine.default_pooler,
+        poolers=poolers,
+        collections=collections.names(),
+        limits={"max_client_batch": s.max_client_batch, "max_input_chars": s.max_input_chars,
+                "max_payload_bytes": s.max_payload_bytes, "max_queue": s.max_queue,
+                "max_batch_tokens": s.max_batch_tokens},
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("embedpool")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,270 @@
+"""What the routes share: the engine (model loaded in the background, the batcher) and the open
+collections. Routes get them through the dependencies in :mod:`app.server.deps`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+
+import index
+from app.batcher import Batcher, EmbedOutput
+from app.server.errors import ClientClosed, Invalid, NotReady
+from app.server.metrics import Metrics
+from app.settings import Settings
+
+log = logging.getLogger("embedpool.server")
+
+#: Integer pooler options above this are refused over HTTP (e.g. attention:queries=10**6
+#: would allocate without bound).
+MAX_INT_OPTION = 4096
+
+
+class Engine:
+    """The embedder, loaded in a background thread, and the batcher in front of it."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, embedder: Any = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.embedder = embedder
+        self.batcher: Batcher | None = None
+        self.error: str | None = None
+        self.load_seconds: float | None = None
+        self._thread: threading.Thread | None = None
+        self._default_pooler: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def status(self) -> str:
+        if self.batcher is not None:
+            return "ready"
+        return "failed" if self.error else "loading"
+
+    def start(self) -> None:
+        """Load the model (unless given) in a thread, warm it up, then start the batcher."""
+        if self.embedder is not None:
+            self._ready()
+            return
+        self._thread = threading.Thread(target=self._load, name="embedpool-load", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from app.settings import load_embedder
+
+        t0 = time.perf_counter()
+        try:
+            embedder = load_embedder(self.settings)
+            embedder.embed(["warm up"], [self.settings.pooler])  # first call builds kernels
+        except BaseException as exc:  # noqa: BLE001 - reported by /health
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("model failed to load: %s", self.error)
+            return
+        self.embedder = embedder
+        self.load_seconds = time.perf_counter() - t0
+        self._ready()
+        log.info("model %s loaded in %.1fs", embedder.model_id, self.load_seconds)
+
+    def _ready(self) -> None:
+        s = self.settings
+        self._default_pooler = self.embedder.canonical(s.pooler)
+        self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
+                               max_wait_ms=s.max_wait_ms, observer=self.metrics).start()
+        self.metrics.model_loaded.set(1)
+
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
+
+    def require(self) -> Any:
+        """The embedder, or 503 while it loads."""
+        if self.batcher is None:
+            if self.error:
+                raise NotReady(f"the model failed to load: {self.error}")
+            raise NotReady("the model is still loading; retry shortly (GET /health turns 200 when ready)",
+                           headers={"Retry-After": "5"})
+        return self.embedder
+
+    # ------------------------------------------------------------------ poolers
+    @property
+    def default_pooler(self) -> str:
+        return self._default_pooler or self.settings.pooler
+
+    def pooler(self, spec: str | None, field: str = "pooler", *, trusted: bool = False) -> tuple[str, bool]:
+        """Validate ``spec`` (``None``: the server's default) -> (canonical spec, multi_vector).
+
+        ``trusted``: the spec comes from a collection's manifest, not from the request."""
+        from poolers import parse_spec
+
+        embedder = self.require()
+        spec = spec or self.settings.pooler
+        try:
+            name, opts = parse_spec(spec)
+            if not trusted:
+                self._check_options(name, opts)
+            p = embedder.pooler(spec)
+        except (ValueError, TypeError, OSError) as exc:
+            raise Invalid(f"{field}: {exc}", param=field) from None
+        return p.spec, bool(p.multi_vector)
+
+    def _check_options(self, name: str, opts: dict[str, str]) -> None:
+        from poolers import parse_spec
+
+        if "weights" in opts and not self.settings.allow_pooler_paths:
+            allowed = parse_spec(self.settings.pooler)[1].get("weights")
+            if opts["weights"] != allowed:
+                raise ValueError("loading pooler weights from a path named in a request is disabled; "
+                                 "set the server's default pooler (EMBEDPOOL_POOLER) to that head, or "
+                                 "start it with EMBEDPOOL_ALLOW_POOLER_PATHS=true")
+        for key, raw in opts.items():
+            try:
+                value = float(raw)
+            except ValueError:
+                continue
+            if not math.isfinite(value) or abs(value) > MAX_INT_OPTION:
+                raise ValueError(f"pooler {name!r}: option {key}={raw} is out of range "
+                                 f"(use a finite value of at most {MAX_INT_OPTION})")
+
+    def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> None:
+        try:
+            self.require().check_dimensions(dimensions)
+        except (ValueError, TypeError) as exc:
+            raise Invalid(f"{field}: {exc}", param=field) from None
+
+    # ------------------------------------------------------------------ embedding
+    async def embed(self, request: Request | None, texts: list[str], specs: list[str], *,
+                    role: str = "document", normalize: bool = True, dimensions: int | None = None,
+                    truncate: bool = True) -> EmbedOutput:
+        """Embed through the batcher; if the client disconnects first, drop the work (499)."""
+        self.require()
+        assert self.batcher is not None
+        job = self.batcher.submit(texts, specs, role=role, normalize=normalize,
+                                  dimensions=dimensions, truncate=truncate)
+        result = asyncio.wrap_future(job.future)
+        if request is None:
+            return await result
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.batcher.cancel(job)
+            raise
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+        if result in done:
+            return result.result()
+        self.batcher.cancel(job)
+        raise ClientClosed("the client closed the connection; its work was dropped")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read by then)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class Collections:
+    """Open collections, shared by all requests, on the configured backend (``faiss`` folders
+    under ``data_dir``, or Milvus).
+
+    One collection object per name stays open (searches run concurrently on it; its writes are
+    serialized by the collection). If another process commits to a FAISS collection (e.g.
+    ``embedpool index``), the next request refreshes it to see the new state.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.data_dir = Path(settings.data_dir)
+        self.backend = settings.backend
+        self._where = {"backend": settings.backend, "milvus_uri": settings.milvus_uri,
+                       "milvus_token": settings.milvus_token}
+        self._open: dict[str, tuple[Any, int]] = {}
+        self._lock = threading.RLock()
+
+    def _mtime(self, name: str) -> int:
+        if self.backend != "faiss":
+            return 0
+        try:
+            return (self.data_dir / name / "manifest.json").stat().st_mtime_ns
+        except OSError:
+            return -1
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            entry = self._open.get(name)
+            mtime = self._mtime(name)
+            if entry is not None:
+                coll, seen = entry
+                if mtime == seen:
+                    return coll
+                if mtime == -1:  # deleted by another process
+                    self._open.pop(name, None)
+                    coll.close()
+                else:
+                    try:
+                        coll.refresh()  # committed by another process
+                    except index.CollectionLockedError:
+                        return coll  # our own write is in progress; it refreshes after
+                    self._open[name] = (coll, mtime)
+                    return coll
+            coll = index.open_collection(self.data_dir, name, **self._where)
+            self._open[name] = (coll, self._mtime(name))
+            return coll
+
+    def create(self, name: str, spec: index.CollectionSpec) -> tuple[Any, bool]:
+        """(collection, created): an existing one with the same spec is returned as is."""
+        with self._lock:
+            existed = name in self.names()
+            coll = index.open_collection(self.data_dir, name, spec, **self._where)
+            old = self._open.get(name)
+            if old is not None and old[0] is not coll:
+                coll.close()
+                coll = old[0]
+            self._open[name] = (coll, self._mtime(name))
+            return coll, not existed
+
+    def write(self, coll: Any, method: str, *args: Any, **kwargs: Any) -> None:
+        """``coll.<method>(...)`` then commit; if another process committed meanwhile, refresh and
+        retry once."""
+        for attempt in (0, 1):
+            try:
+                getattr(coll, method)(*args, **kwargs)
+                coll.commit()
+                break
+            except index.CollectionLockedError:
+                if attempt or not coll.refresh():
+                    raise
+        with self._lock:
+            if self._open.get(coll.name, (None,))[0] is coll:
+                self._open[coll.name] = (coll, self._mtime(coll.name))
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            entry = self._open.pop(name, None)
+            if entry is not None:
+                entry[0].close()
+            index.delete_collection(self.data_dir, name, **self._where)
+
+    def names(self) -> list[str]:
+        return index.list_collections(self.data_dir, **self._where)
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        """The committed manifest, without opening a FAISS collection (loading its vectors)."""
+        if self.backend == "faiss":
+            from index.spec import read_manifest
+
+            return read_manifest(self.data_dir / name)
+        return self.get(name).manifest
+
+    def close(self) -> None:
+        with self._lock:
+            for coll, _ in self._open.values():
+                coll.close()
+            self._open.clear()

@@ -1,0 +1,507 @@
+"""HTTP serving benchmark: embedpool's server vs the in-process pipeline vs Infinity.
+
+One text per request (OpenAI-compatible ``/v1/embeddings`` on both servers), at concurrency 1, 8
+and 32, for short sentences (STS-B test) and documents (SciFact title + abstract). The in-process
+numbers embed all texts of a set in one call (the engine's token-budget batches): the ceiling.
+The load generator is a small keep-alive HTTP/1.1 client on asyncio (cheap on CPU: it shares the
+machine with the server, for every server alike).
+
+The machine is shared and noisy, so the systems are measured interleaved: all servers are up at
+once (an idle server uses no CPU), each cell runs every system one after the other, ``--reps``
+times in rotating order, and the best repetition counts. Then a load run: 64 clients for 60 s
+against embedpool alone (non-429 failures, /health latency throughout, RSS before and after).
+
+    .venv/bin/python bench/serve.py                        # fp32, ~15 min on 2 cores
+    .venv/bin/python bench/serve.py --precision fp32 bf16  # also the bf16 path
+    .venv/bin/python bench/serve.py --quick                # small sizes, ~3 min
+
+Infinity runs from its own venv (``--infinity-venv``, default /work/infinity-venv with
+``infinity-emb[server,torch]`` and the CPU torch build) on the same local model folder with
+``--engine torch --device cpu``; without that venv its columns stay empty.
+
+Writes ``bench/results/serve.json`` and prints a markdown table. Every process (this one, the
+servers) runs with ``OMP_WAIT_POLICY=PASSIVE`` so idle OpenMP threads do not spin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = Path(os.environ.get("EMBEDPOOL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+OUT = ROOT / "bench" / "results" / "serve.json"
+
+
+# ---------------------------------------------------------------------- data
+def load_sts(n: int) -> list[str]:
+    seen, out = set(), []
+    with open(DATA / "stsb" / "test.tsv", encoding="utf-8") as f:
+        next(f)
+        for line in f:
+            for s in line.rstrip("\n").split("\t")[:2]:
+                if s and s not in seen:
+                    seen.add(s)
+                    out.append(s)
+            if len(out) >= n:
+                return out[:n]
+    return out
+
+
+def load_scifact(n: int) -> list[str]:
+    out = []
+    with open(DATA / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            out.append((d["title"] + " " + d["text"]).strip())
+            if len(out) >= n:
+                break
+    return out
+
+
+# ---------------------------------------------------------------------- HTTP load generator
+class Conn:
+    """One keep-alive HTTP/1.1 connection (Content-Length or chunked answers)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.open()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        try:
+            self.writer.write(head.encode() + body)
+            line = await self.reader.readline()
+            if not line:
+                raise ConnectionError("connection closed")
+            status = int(line.split()[1])
+            length, chunked, close = None, False, False
+            while True:
+                line = await self.reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                key, _, value = line.decode("latin-1").partition(":")
+                key = key.strip().lower()
+                if key == "content-length":
+                    length = int(value)
+                elif key == "transfer-encoding" and "chunked" in value:
+                    chunked = True
+                elif key == "connection" and "close" in value.lower():
+                    close = True
+            if chunked:
+                parts = []
+                while True:
+                    size = int((await self.reader.readline()).strip(), 16)
+                    if size == 0:
+                        await self.reader.readline()
+                        break
+                    parts.append(await self.reader.readexactly(size))
+                    await self.reader.readline()
+                data = b"".join(parts)
+            else:
+                data = await self.reader.readexactly(length or 0)
+        except BaseException:
+            self.close()
+            raise
+        if close:
+            self.close()
+        return status, data
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))]
+
+
+async def run_cell(host: str, port: int, path: str, texts: list[str], concurrency: int,
+                   model: str) -> dict:
+    """Send each text as its own request from ``concurrency`` clients; latency and throughput."""
+    bodies = [json.dumps({"input": [t], "model": model}).encode() for t in texts]
+    todo = iter(range(len(bodies)))
+    lat: list[float] = []
+    statuses: dict[int, int] = {}
+    errors = 0
+
+    async def worker() -> None:
+        nonlocal errors
+        conn = Conn(host, port)
+        for i in todo:
+            t0 = time.perf_counter()
+            try:
+                status, data = await conn.request("POST", path, bodies[i])
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                errors += 1
+                continue
+            lat.append(time.perf_counter() - t0)
+            statuses[status] = statuses.get(status, 0) + 1
+        conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    ok = statuses.get(200, 0)
+    return {"requests": len(bodies), "ok": ok, "statuses": statuses, "errors": errors,
+            "seconds": round(wall, 3), "throughput": round(ok / wall, 2),
+            "p50_ms": round(pct(lat, 50) * 1000, 1), "p99_ms": round(pct(lat, 99) * 1000, 1)}
+
+
+async def check_embedding(host: str, port: int, path: str, model: str) -> int:
+    conn = Conn(host, port)
+    status, data = await conn.request("POST", path, json.dumps({"input": ["hello"], "model": model}).encode())
+    conn.close()
+    assert status == 200, data[:300]
+    return len(json.loads(data)["data"][0]["embedding"])
+
+
+# ---------------------------------------------------------------------- servers
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, health: str, log: Path) -> None:
+        self.name, self.port, self.health = name, port, health
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float = 600) -> float:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                status, _ = asyncio.run(_get(self.port, self.health))
+                if status == 200:
+                    return time.perf_counter() - t0
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout}s")
+
+    def rss_mb(self) -> float:
+        import psutil
+
+        p = psutil.Process(self.proc.pid)
+        return round(sum(q.memory_info().rss for q in [p, *p.children(recursive=True)]) / 2**20, 1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+async def _get(port: int, path: str) -> tuple[int, bytes]:
+    conn = Conn("127.0.0.1", port)
+    try:
+        return await conn.request("GET", path)
+    finally:
+        conn.close()
+
+
+def start_embedpool(precision: str, logdir: Path, max_batch_tokens: int | None = None) -> Proc:
+    port = free_port()
+    env = {"EMBEDPOOL_PRECISION": precision, "EMBEDPOOL_DATA_DIR": str(logdir / "data"),
+           "EMBEDPOOL_LOG_LEVEL": "warning"}
+    if max_batch_tokens:
+        env["EMBEDPOOL_MAX_BATCH_TOKENS"] = str(max_batch_tokens)
+    return Proc(f"embedpool-{precision}", [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                env, port, "/health", logdir / f"embedpool-{precision}.log")
+
+
+def start_infinity(venv: Path, model_path: str, logdir: Path) -> Proc:
+    port = free_port()
+    cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", model_path, "--served-model-name",
+           "all-MiniLM-L6-v2", "--engine", "torch", "--device", "cpu", "--dtype", "float32",
+           "--no-bettertransformer", "--url-prefix", "/v1", "--port", str(port), "--log-level", "warning"]
+    return Proc("infinity", cmd, {}, port, "/health", logdir / "infinity.log")
+
+
+def infinity_version(venv: Path) -> str | None:
+    try:
+        out = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import importlib.metadata as m; print(m.version('infinity-emb'))"],
+                             capture_output=True, text=True, timeout=60)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------- in-process
+class InProcess:
+    """The pipeline (and, in fp32, sentence-transformers) in this process, all texts of a set
+    in one call (the engine's own token-budget batches): the throughput ceiling."""
+
+    def __init__(self, precision: str, max_batch_tokens: int | None = None) -> None:
+        from app.settings import Settings, load_embedder
+        from poolers.encoder import default_model_path
+
+        overrides = {"max_batch_tokens": max_batch_tokens} if max_batch_tokens else {}
+        self.embedder = load_embedder(Settings(precision=precision, **overrides))
+        self.embedder.embed(["warm up"] * 8)
+        self.st = None
+        if precision == "fp32":
+            from sentence_transformers import SentenceTransformer
+
+            self.st = SentenceTransformer(default_model_path(), device="cpu")
+            self.st.encode(["warm up"] * 8)
+
+    def run(self, texts: list[str]) -> dict:
+        import torch
+
+        t0 = time.perf_counter()
+        self.embedder.embed(texts)
+        out = {"pipeline": round(len(texts) / (time.perf_counter() - t0), 2)}
+        if self.st is not None:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                self.st.encode(texts, batch_size=32)
+            out["sentence_transformers"] = round(len(texts) / (time.perf_counter() - t0), 2)
+        return out
+
+
+# ---------------------------------------------------------------------- load run
+async def load_run(port: int, texts: list[str], clients: int, seconds: float) -> dict:
+    stop_at = time.perf_counter() + seconds
+    statuses: dict[int, int] = {}
+    errors = 0
+    lat: list[float] = []
+    health: list[float] = []
+    bad_health = 0
+
+    async def client(k: int) -> None:
+        nonlocal errors
+        conn = Conn("127.0.0.1", port)
+        i = k
+        while time.perf_counter() < stop_at:
+            body = json.dumps({"input": [texts[i % len(texts)]], "model": "x"}).encode()
+            i += clients
+            t0 = time.perf_counter()
+            try:
+                status, _ = await conn.request("POST", "/v1/embeddings", body)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                errors += 1
+                continue
+            lat.append(time.perf_counter() - t0)
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 429:
+                await asyncio.sleep(1)
+        conn.close()
+
+    async def prober() -> None:
+        nonlocal bad_health
+        conn = Conn("127.0.0.1", port)
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                status, _ = await conn.request("GET", "/health")
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                bad_health += 1
+                continue
+            health.append(time.perf_counter() - t0)
+            bad_health += status != 200
+            await asyncio.sleep(0.25)
+        conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(prober(), *(client(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
+    ok = statuses.get(200, 0)
+    failures = errors + sum(n for s, n in statuses.items() if s not in (200, 429))
+    return {"clients": clients, "seconds": round(wall, 1), "requests": sum(statuses.values()) + errors,
+            "ok": ok, "rejected_429": statuses.get(429, 0), "non_429_failures": failures,
+            "statuses": statuses, "throughput": round(ok / wall, 2),
+            "p50_ms": round(pct(lat, 50) * 1000, 1), "p99_ms": round(pct(lat, 99) * 1000, 1),
+            "health_probes": len(health), "health_failures": bad_health,
+            "health_p50_ms": round(pct(health, 50) * 1000, 1), "health_p99_ms": round(pct(health, 99) * 1000, 1),
+            "health_max_ms": round(max(health) * 1000, 1) if health else None}
+
+
+# ---------------------------------------------------------------------- main
+def table(results: dict) -> str:
+    rows = ["| precision | set | conc. | embedpool req/s | p50 ms | p99 ms | Infinity req/s | p50 ms | p99 ms "
+            "| in-process pipeline texts/s | ST texts/s | embedpool / in-process | Infinity / in-process | embedpool / Infinity |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for prec, per in results["runs"].items():
+        for cell in per["cells"]:
+            ep, inf = cell["embedpool"], cell.get("infinity") or {}
+            ip = per["inprocess"][cell["set"]]
+            f = lambda d, k: "" if not d or d.get(k) is None else f"{d[k]:g}"  # noqa: E731
+            r_ep = ep["throughput"] / ip["pipeline"]
+            r_inf = inf["throughput"] / ip["pipeline"] if inf else None
+            r_vs = ep["throughput"] / inf["throughput"] if inf else None
+            rows.append(
+                f"| {prec} | {cell['set']} | {cell['concurrency']} | {f(ep, 'throughput')} | {f(ep, 'p50_ms')} "
+                f"| {f(ep, 'p99_ms')} | {f(inf, 'throughput')} | {f(inf, 'p50_ms')} | {f(inf, 'p99_ms')} "
+                f"| {ip['pipeline']:g} | {ip.get('sentence_transformers', '')} | {r_ep:.2f}x "
+                f"| {'' if r_inf is None else f'{r_inf:.2f}x'} "
+                f"| {'' if r_vs is None else f'{r_vs:.2f}x'} |")
+    load = results.get("load")
+    if load:
+        rows += ["", f"Load run ({load['clients']} clients, {load['seconds']} s, {load['precision']}): "
+                 f"{load['ok']} ok, {load['rejected_429']} 429, **{load['non_429_failures']} non-429 failures**, "
+                 f"{load['throughput']} req/s, p50 {load['p50_ms']} ms, p99 {load['p99_ms']} ms; "
+                 f"/health p50 {load['health_p50_ms']} ms, p99 {load['health_p99_ms']} ms, max "
+                 f"{load['health_max_ms']} ms ({load['health_failures']} not 200 of {load['health_probes']}); "
+                 f"server RSS {load['rss_before_mb']} MB before, {load['rss_after_mb']} MB after."]
+    return "\n".join(rows)
+
+
+def best(a: dict | None, b: dict) -> dict:
+    """Keep the repetition with the higher throughput (the machine is shared: noise only slows)."""
+    if a is None:
+        return b
+    key = "throughput" if "throughput" in b else "pipeline"
+    return b if b[key] > a[key] else a
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--sts", type=int, default=300, help="STS-B test sentences (requests per cell)")
+    ap.add_argument("--scifact", type=int, default=100, help="SciFact documents (requests per cell)")
+    ap.add_argument("--max-batch-tokens", type=int, default=None,
+                    help="token budget of a forward batch, in-process and server alike (default: the setting's)")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per cell; the best counts")
+    ap.add_argument("--infinity-venv", type=Path, default=Path("/work/infinity-venv"))
+    ap.add_argument("--no-infinity", action="store_true")
+    ap.add_argument("--load-seconds", type=float, default=60)
+    ap.add_argument("--load-clients", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="64 sentences, 24 documents, 1 rep, 10 s load run")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    if args.quick:
+        args.sts, args.scifact, args.reps, args.load_seconds = 64, 24, 1, 10
+
+    from poolers.encoder import default_model_path
+
+    sets = {"sts-b sentences": load_sts(args.sts), "scifact documents": load_scifact(args.scifact)}
+    logdir = ROOT / "bench" / "results" / "cache" / "serve"
+    logdir.mkdir(parents=True, exist_ok=True)
+    inf_ok = not args.no_infinity and (args.infinity_venv / "bin" / "infinity_emb").exists()
+    results: dict = {
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg_start": os.getloadavg()},
+        "setup": {"one_text_per_request": True, "route": "/v1/embeddings",
+                  "sets": {k: len(v) for k, v in sets.items()}, "concurrency": args.concurrency,
+                  "reps": args.reps, "max_batch_tokens": args.max_batch_tokens or _default_budget(),
+                  "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
+                  "method": "all servers up at once (idle ones use no CPU); per cell the systems run "
+                            "one after another, repeated --reps times in rotating order; best of the reps",
+                  "infinity": infinity_version(args.infinity_venv) if inf_ok else None},
+        "runs": {},
+    }
+    # Servers first (they load in parallel), then the in-process engines.
+    servers: dict[str, Proc] = {f"embedpool-{p}": start_embedpool(p, logdir, args.max_batch_tokens)
+                                for p in args.precision}
+    if inf_ok:
+        servers["infinity"] = start_infinity(args.infinity_venv, default_model_path(), logdir)
+    models = {name: ("all-MiniLM-L6-v2" if name == "infinity" else "x") for name in servers}
+    try:
+        for name, srv in servers.items():
+            results["setup"][f"{name}_load_seconds"] = round(srv.wait(), 1)
+            asyncio.run(check_embedding("127.0.0.1", srv.port, "/v1/embeddings", models[name]))
+        engines = {p: InProcess(p, args.max_batch_tokens) for p in args.precision}
+        cells: dict[tuple, dict] = {}
+        inproc: dict[tuple, dict] = {}
+        order = list(servers)
+        for set_name, texts in sets.items():
+            for name, srv in servers.items():  # warm up
+                asyncio.run(run_cell("127.0.0.1", srv.port, "/v1/embeddings", texts[:16], 4, models[name]))
+            for rep in range(args.reps):
+                for p, eng in engines.items():
+                    inproc[(p, set_name)] = best(inproc.get((p, set_name)), eng.run(texts))
+                    print(f"  in-process {p} {set_name} rep {rep}: {inproc[(p, set_name)]}", flush=True)
+                for c in args.concurrency:
+                    for name in order:
+                        srv = servers[name]
+                        r = asyncio.run(run_cell("127.0.0.1", srv.port, "/v1/embeddings", texts, c, models[name]))
+                        cells[(name, set_name, c)] = best(cells.get((name, set_name, c)), r)
+                        print(f"  {name} {set_name} c={c} rep {rep}: {r}", flush=True)
+                    order = order[1:] + order[:1]
+        for p in args.precision:
+            results["runs"][p] = {
+                "inprocess": {s: inproc[(p, s)] for s in sets},
+                "cells": [{"set": s, "concurrency": c, "embedpool": cells[(f"embedpool-{p}", s, c)],
+                           "infinity": cells.get(("infinity", s, c))}
+                          for s in sets for c in args.concurrency]}
+        del engines
+        gc.collect()
+        if "infinity" in servers:  # the load run is embedpool's alone
+            servers.pop("infinity").stop()
+        if args.load_seconds > 0:
+            p = args.precision[0]
+            srv = servers[f"embedpool-{p}"]
+            rss0 = srv.rss_mb()
+            print(f"[{p}] load run {args.load_clients} clients x {args.load_seconds}s ...", flush=True)
+            load = asyncio.run(load_run(srv.port, sets["sts-b sentences"], args.load_clients, args.load_seconds))
+            load.update(precision=p, rss_before_mb=rss0, rss_after_mb=srv.rss_mb())
+            print(f"  {load}", flush=True)
+            results["load"] = load
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    results["machine"]["load_avg_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print()
+    print(table(results))
+    print(f"\nwritten {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+def _default_budget() -> int:
+    from app.settings import Settings
+
+    return Settings().max_batch_tokens
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Real ``embedpool serve`` (uvicorn) processes on free ports with temporary data directories.
+
+Two servers start together at the first use (the model takes ~20 s to load; loading them in
+parallel halves the wait):
+
+* ``server``: default settings, no API key.
+* ``limited_server``: an API key, a small queue and tiny forward batches (so the queue backs up
+  and 429 / client-disconnect behaviour can be observed), a 64 KiB body limit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "s3cret-test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One ``python -m app.cli serve`` subprocess (settings from flags and EMBEDPOOL_* vars)."""
+
+    def __init__(self, folder: Path, env: dict[str, str], api_key: str | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = folder / "data"
+        self.log_path = folder / "server.log"
+        self.api_key = api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.loading: dict[str, object] = {}  # what the server said while the model loaded
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDPOOL_")}
+        full_env.update({"EMBEDPOOL_DATA_DIR": str(self.data_dir), "EMBEDPOOL_LOG_LEVEL": "warning",
+                         "PYTHONUNBUFFERED": "1", **env})
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = 240.0) -> "Server":
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url, timeout=60) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+                try:
+                    r = c.get("/health")
+                except httpx.TransportError:
+                    time.sleep(0.2)
+                    continue
+                if r.status_code == 200:
+                    return self
+                if r.status_code == 503 and "health" not in self.loading:
+                    self.loading["health"] = r.json()
+                    e = c.post("/embed", json={"inputs": "too early"}, headers=self.headers)
+                    self.loading["embed"] = (e.status_code, e.json())
+                time.sleep(0.25)
+        pytest.fail(f"server not ready after {timeout}s:\n{self.tail()}")
+
+    def client(self, auth: bool = True, **kwargs) -> httpx.Client:
+        kwargs.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.url, headers=self.headers if auth else {}, **kwargs)
+
+    def alive(self) -> None:
+        """The server still answers, and still embeds."""
+        assert self.proc.poll() is None, self.tail()
+        with self.client() as c:
+            assert c.get("/health").status_code == 200
+            r = c.post("/embed", json={"inputs": "still serving"})
+            assert r.status_code == 200, r.text
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def _servers(tmp_path_factory):
+    base = tmp_path_factory.mktemp("servers")
+    servers = {
+        "default": Server(base / "default", {}),
+        "limited": Server(base / "limited", {
+            "EMBEDPOOL_API_KEY": API_KEY,
+            "EMBEDPOOL_MAX_QUEUE": "64",
+            "EMBEDPOOL_MAX_BATCH_TOKENS": "64",
+            "EMBEDPOOL_MAX_WAIT_MS": "0",
+            "EMBEDPOOL_MAX_CLIENT_BATCH": "100",
+            "EMBEDPOOL_MAX_PAYLOAD_BYTES": "65536",
+        }, api_key=API_KEY),
+    }
+    yield servers
+    for s in servers.values():
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def server(_servers) -> Server:
+    return _servers["default"].wait_ready()
+
+
+@pytest.fixture(scope="session")
+def limited_server(_servers) -> Server:
+    return _servers["limited"].wait_ready()
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as c:
+        yield c

