@@ -73,6 +73,7 @@ MAX_TOPK = 16_384  # Milvus' limit on limit/topk
 HNSW_EF_CONSTRUCTION = 40  # FAISS' default, so both backends build the same graph quality
 _BATCH_BYTES = 8 << 20  # rows per insert/upsert call: ~8 MB of vectors
 _FETCH_ROWS = 4096  # rows per get() by primary key
+_SCAN_BYTES = 64 << 20  # Milvus Lite: bytes per page of a full scan (its gRPC limit is 256 MB)
 
 
 # ---- FAISS factory string -> Milvus index ------------------------------------------------------
@@ -144,6 +145,13 @@ def embedpool_name(mname: str) -> str | None:
             out.append(s[i])
             i += 1
     return "".join(out) or None
+
+
+def _quote(s: str) -> str:
+    """A Milvus filter string literal."""
+    for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        s = s.replace(a, b)
+    return f'"{s}"'
 
 
 def _pk(doc_id: str, pos: int) -> str:
@@ -517,8 +525,7 @@ class MilvusCollection(CollectionBase):
             pks = [_pk(d, p) for d, r in self._heads(doc_ids, ["n"]).items() for p in range(r["n"])]
             with _errors(f"fetching vectors of {self.name!r}"):
                 for s in range(0, len(pks), _FETCH_ROWS):
-                    rows.extend(_rows(self._client.get(self._mname, ids=pks[s:s + _FETCH_ROWS],
-                                                       output_fields=["doc_id", "pos", "vector"])))
+                    rows.extend(self._get(pks[s:s + _FETCH_ROWS], ["doc_id", "pos", "vector"]))
         if not rows:
             return (np.zeros((0, self.spec.dim), np.float32), np.zeros(1, np.int64),
                     np.array([], dtype=object))
@@ -530,14 +537,25 @@ class MilvusCollection(CollectionBase):
         return vectors, offsets, np.array([names[j] for j in starts], dtype=object)
 
     def _scan(self, flt: str, fields: list[str]) -> list[dict]:
-        """Every row matching ``flt`` (all rows if empty). A Milvus server pages through a query
-        iterator; Milvus Lite answers an unlimited query (it lacks the iterator's timestamp RPC)."""
+        """Every row matching ``flt`` (all rows if empty), page by page: a query iterator on a
+        Milvus server; on Milvus Lite (which lacks the iterator's timestamp RPC) queries with
+        ``pk > last`` in primary-key order."""
         with _errors(f"query of {self.name!r}"):
-            if _is_lite(self.uri):
-                pk = "pk" if self._multi else "id"
-                return _rows(self._client.query(self._mname, filter=flt or f'{pk} != ""',
-                                                output_fields=fields))
             rows: list[dict] = []
+            if _is_lite(self.uri):  # keyset pages in primary-key order
+                pk = "pk" if self._multi else "id"
+                page = max(256, _SCAN_BYTES // ((4 * self.spec.dim if "vector" in fields else 0) + 256))
+                last = None
+                while True:
+                    cond = " and ".join(c for c in (flt and f"({flt})",
+                                                     last is not None and f"{pk} > {_quote(last)}") if c)
+                    batch = _rows(self._client.query(
+                        self._mname, filter=cond or f'{pk} != ""', output_fields=[*fields, pk],
+                        limit=page, iterator="True"))
+                    rows.extend(batch)
+                    if len(batch) < page:
+                        return rows
+                    last = max(r[pk] for r in batch)
             it = self._client.query_iterator(self._mname, batch_size=4096, filter=flt,
                                              output_fields=fields)
             try:
@@ -560,21 +578,26 @@ class MilvusCollection(CollectionBase):
         out: dict[str, tuple[str | None, dict | None]] = {}
         with _errors(f"query of {self.name!r}"):
             for s in range(0, len(ids), _FETCH_ROWS):
-                for r in self._client.get(self._mname, ids=ids[s:s + _FETCH_ROWS],
-                                          output_fields=["id", "text", "metadata"]):
+                for r in self._get(ids[s:s + _FETCH_ROWS], ["id", "text", "metadata"]):
                     out[r["id"]] = (r.get("text"), r.get("metadata"))
         return out
 
     def _existing(self, ids: list[str]) -> set[str]:
         return set(self._docs(ids))
 
+    def _get(self, pks: list[str], fields: list[str]) -> list[dict]:
+        """Rows by primary key (``pk in [...]``: Milvus' point lookup). Not ``client.get``: it
+        does not escape backslashes in string keys."""
+        pk = "pk" if self._multi else "id"
+        flt = f"{pk} in [{', '.join(map(_quote, pks))}]"
+        return _rows(self._client.query(self._mname, filter=flt, output_fields=fields))
+
     def _heads(self, doc_ids: list[str], fields: list[str]) -> dict[str, dict]:
         """multi: doc id -> its row 0 (``fields`` of it), for the documents that exist."""
         out: dict[str, dict] = {}
         with _errors(f"query of {self.name!r}"):
             for s in range(0, len(doc_ids), _FETCH_ROWS):
-                for r in self._client.get(self._mname, ids=[_pk(d, 0) for d in doc_ids[s:s + _FETCH_ROWS]],
-                                          output_fields=["doc_id", *fields]):
+                for r in self._get([_pk(d, 0) for d in doc_ids[s:s + _FETCH_ROWS]], ["doc_id", *fields]):
                     out[r["doc_id"]] = r
         return out
 
@@ -589,7 +612,7 @@ class MilvusCollection(CollectionBase):
             out["vectors"] = self._fetch_tokens([id])[0]
         else:
             with _errors(f"query of {self.name!r}"):
-                row = _rows(self._client.get(self._mname, ids=[id], output_fields=["vector"]))[0]
+                row = self._get([id], ["vector"])[0]
             out["vector"] = np.asarray(row["vector"], dtype=np.float32)
         return out
 

@@ -346,3 +346,20 @@ def test_factory_defaults_to_faiss(tmp_path):
     assert list_collections(tmp_path) == []
     with pytest.raises(InvalidInputError, match="unknown backend"):
         open_collection(tmp_path, "f", SPEC, backend="qdrant")
+
+
+def test_full_scans_page_through_everything(mv, rng, monkeypatch):
+    """ids() and exhaustive search read Milvus page by page (pk order); odd ids survive quoting."""
+    import index.milvus as im
+
+    ids = [f"k{i}" for i in range(120)] + ['we"ird\\id', "tab\there"]
+    single = mv("s")
+    single.add(ids, rand_unit(rng, len(ids), DIM))
+    multi = mv("m", CollectionSpec(kind="multi", dim=DIM))
+    docs = rand_docs(rng, len(ids), DIM, lo=1, hi=4)
+    multi.add(ids, docs)
+    q = [docs[5][:2], docs[-1]]
+    whole = _ranked(multi.search(q, k=5))
+    monkeypatch.setattr(im, "_SCAN_BYTES", 256 * 40)  # pages of 256 rows: several per scan
+    assert single.ids() == ids and multi.ids() == ids
+    assert _ranked(multi.search(q, k=5)) == whole and whole[1][0][0] == "tab\there"
