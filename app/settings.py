@@ -15,7 +15,7 @@ class Settings(BaseSettings):
 
     # engine
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
     pooler: str = Field("auto", description="default pooler spec; auto = the model's own pooling")
     max_batch_tokens: int = Field(16384, ge=64, description="token budget of one forward batch")
     # storage
@@ -39,7 +39,7 @@ class Settings(BaseSettings):
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], help="encoder precision (env EMBEDPOOL_PRECISION)")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "int8"], help="encoder precision: fp32, bf16 (CPU autocast; slow without AMX) or int8 (ONNX Runtime fast path) (env EMBEDPOOL_PRECISION)")
     parser.add_argument("--max-batch-tokens", type=int, help="token budget of one forward batch")
 
 

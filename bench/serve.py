@@ -393,7 +393,7 @@ def best(a: dict | None, b: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    ap.add_argument("--precision", nargs="+", default=["fp32"], help="encoder precisions to bench (EMBEDPOOL_PRECISION values)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--sts", type=int, default=300, help="STS-B test sentences (requests per cell)")
     ap.add_argument("--scifact", type=int, default=100, help="SciFact documents (requests per cell)")

@@ -23,7 +23,7 @@ from poolers.states import TokenStates
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "int8")  # int8: ONNX Runtime fast path, see poolers/fastpath.py
 
 # v5 sentence-transformers pooling configs carry one boolean per mode; v6 one `pooling_mode`.
 _LEGACY_POOLING_KEYS = {
@@ -167,6 +167,11 @@ class FrozenEncoder:
             self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
             self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
         self.stats = EncoderStats()
+        self._forward_fn = self.model
+        if precision == "int8":
+            from poolers.fastpath import load_fastpath
+
+            self._forward_fn = load_fastpath(self.model, "int8", tokenizer=self.tokenizer)
 
     # ------------------------------------------------------------------ tokenization
     def prompt_for(self, role: str | None) -> str:
@@ -249,7 +254,7 @@ class FrozenEncoder:
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.precision == "bf16" else nullcontext())
         with torch.inference_mode(), autocast:
-            out = self.model(
+            out = (self._forward_fn if not all_layers else self.model)(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 token_type_ids=torch.zeros_like(ids).to(self.device)
