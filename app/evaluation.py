@@ -481,7 +481,9 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
     labels = {}
     for p in poolers:
         labels.setdefault(embedder.canonical(p), p)
-    vec, sec, _ = embed_by_plan(embedder, sentences, specs, "query")
+    # Both sides of a pair are the same kind of text: embed them all as documents, so a
+    # document-side pooler (cluster) pools them as it would pool a corpus.
+    vec, sec, _ = embed_by_plan(embedder, sentences, specs, "document")
     gold = np.array([p[2] for p in pairs])
     preds, rows = {}, []
     for s in specs:

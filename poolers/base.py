@@ -55,6 +55,11 @@ class Pooler:
     def pool(self, states: TokenStates) -> Tensor | list[Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def pool_role(self, states: TokenStates, role: str) -> Tensor | list[Tensor]:
+        """:meth:`pool` for texts of ``role`` (``query`` or ``document``); the same for both
+        unless a pooler treats queries differently (``cluster`` leaves query tokens unpooled)."""
+        return self.pool(states)
+
     def __repr__(self) -> str:
         return f"<pooler {self.spec}>"
 

@@ -127,7 +127,7 @@ class Embedder:
         for plan, specs in by_plan.items():
             for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate):
                 for spec in specs:
-                    pooled = built[spec].pool(states)
+                    pooled = built[spec].pool_role(states, role)
                     for j, i in enumerate(text_ids):
                         out[spec][i] = postprocess(pooled[j], normalize, dimensions).numpy().astype(np.float32, copy=False)
                 if on_batch:

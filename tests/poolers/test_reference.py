@@ -62,6 +62,21 @@ def test_cluster_without_normalize_matches_plain_means(embedder, st_model):
     np.testing.assert_allclose(ours[0], ref[0].numpy(), atol=1e-5)
 
 
+def test_cluster_leaves_queries_unpooled_unless_asked(embedder, st_model):
+    """PyLate's convention: token pooling compresses documents; a query keeps every token."""
+    texts = ["which proteins bind the promoter of the gene in yeast cells under stress"]
+    tokens = st_model.encode(texts, output_value="token_embeddings")
+    normed = [torch.nn.functional.normalize(t.float(), dim=-1) for t in tokens]
+    q = embedder.embed(texts, ["cluster", "tokens"], role="query")
+    np.testing.assert_allclose(q.vectors["cluster"][0], normed[0].numpy(), atol=1e-5)
+    np.testing.assert_array_equal(q.vectors["cluster"][0], q.vectors["tokens"][0])
+    ref = HierarchicalTokenPooling(pool_factor=2, num_protected_tokens=1, normalize_embeddings=True).pool(normed)
+    spec = "cluster:pool_queries=true"
+    pooled = embedder.embed(texts, [spec], role="query").vectors[spec]
+    np.testing.assert_allclose(pooled[0], ref[0].numpy(), atol=1e-4)
+    assert len(pooled[0]) < len(normed[0])
+
+
 def test_tokens_are_normalized_token_states(embedder, st_model):
     texts = ["late interaction keeps every token", "x"]
     tokens = st_model.encode(texts, output_value="token_embeddings")
