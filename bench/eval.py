@@ -5,7 +5,8 @@
            companion, 100 candidates). Two forward passes over the corpus (standard + landmark
            plans) serve all of them.
   stsb     STS-B test: Spearman of cosine (normalized MaxSim for multi-vector poolers).
-  long     synthetic long documents from SciFact: 100 sampled test queries, K = 0, 4, 16.
+  long     synthetic long documents from SciFact: 100 sampled test queries, K = 0, 4, 16; the
+           multi-vector poolers also with window=true (every window's tokens, no truncation).
 
     .venv/bin/python bench/eval.py                    # all three, in this order (hours on 2 cores)
     .venv/bin/python bench/eval.py scifact            # one suite
@@ -40,7 +41,8 @@ SUITES = {
     "long": ["--synthetic-long", str(DATA / "scifact"), "--split", "test", "--distractors", "0", "4", "16",
              "--max-queries", "100", "--mode", "exhaustive",
              *sum((["--pooler", p] for p in ["mean", "cls", "max", "landmark", "attention", "tokens",
-                                            "cluster:pool_factor=2"]), [])],
+                                            "cluster:pool_factor=2", "tokens:window=true",
+                                            "cluster:pool_factor=2,window=true"]), [])],
 }
 
 

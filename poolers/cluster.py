@@ -14,9 +14,9 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 from torch import Tensor
 
-from poolers.base import Pooler, register
+from poolers.base import register
 from poolers.states import TokenStates
-from poolers.tokens import normalized_tokens
+from poolers.tokens import TokenVectorPooler, normalized_tokens
 
 
 def cluster_tokens(tokens: Tensor, pool_factor: float, protected: int = 1) -> Tensor:
@@ -75,7 +75,7 @@ def cluster_batch(states: TokenStates, pool_factor: float, protected: int = 1) -
 
 
 @register
-class ClusterPooler(Pooler):
+class ClusterPooler(TokenVectorPooler):
     """Hierarchical (Ward) token clustering.
 
     Args:
@@ -83,11 +83,12 @@ class ClusterPooler(Pooler):
         protected: leading tokens kept out of clustering (default 1, the ``[CLS]``).
         pool_queries: also cluster query tokens (default false: as in PyLate and the paper,
             only documents are pooled and a query keeps all its token vectors).
+        window: cluster the tokens of every window of a long input together (default:
+            truncate at the model's window).
     """
 
     name = "cluster"
-    options = {"pool_factor": float, "protected": int, "pool_queries": bool}
-    multi_vector = True
+    options = {"pool_factor": float, "protected": int, "pool_queries": bool, "window": bool}
     pool_factor = 2.0
     protected = 1
     pool_queries = False

@@ -77,18 +77,21 @@ def pooling_mode_from_config(config: dict) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """A tokenization plan. ``standard`` is the model's own; ``landmark`` inserts ``[SEP]``
-    after every ``g`` tokens (LMK pooling) and windows long inputs instead of truncating."""
+    """A tokenization plan. ``standard`` is the model's own; ``windowed`` is the same but splits
+    long inputs into several ``[CLS] … [SEP]`` windows instead of truncating them (multi-vector
+    poolers with ``window=true``); ``landmark`` inserts ``[SEP]`` after every ``g`` tokens (LMK
+    pooling) and windows long inputs too."""
 
     kind: str = "standard"
     g: int = 32
 
     @property
     def key(self) -> str:
-        return "standard" if self.kind == "standard" else f"landmark:g={self.g}"
+        return f"landmark:g={self.g}" if self.kind == "landmark" else self.kind
 
 
 STANDARD = Plan()
+WINDOWED = Plan("windowed")
 
 
 @dataclass
@@ -189,9 +192,7 @@ class FrozenEncoder:
             return_token_type_ids=False,
             verbose=False,
         )
-        n_prompt = 0
-        if prompt:
-            n_prompt = len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1
+        n_prompt = self._prompt_tokens(prompt)
         rows = []
         for i, (ids, special) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
             if len(ids) > self.max_length:
@@ -200,6 +201,28 @@ class FrozenEncoder:
                     "shorten it or set truncate=true"
                 )
             rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt))
+        return rows
+
+    def _prompt_tokens(self, prompt: str) -> int:
+        """Tokens the prompt adds after ``[CLS]`` (0 without a prompt)."""
+        return len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
+
+    def _tokenize_windowed(self, texts: Sequence[str], prompt: str) -> list[_Row]:
+        """The standard layout, but an input over the window becomes consecutive windows of
+        ``max_length - 2`` tokens, each ``[CLS] … [SEP]``; the first window is exactly the
+        standard (truncated) sequence."""
+        enc = self.tokenizer(
+            [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
+            return_token_type_ids=False, verbose=False,
+        )
+        n_prompt, width = self._prompt_tokens(prompt), self.max_length - 2
+        rows = []
+        for i, toks in enumerate(enc["input_ids"]):
+            for w in range(0, max(len(toks), 1), width):
+                chunk = toks[w:w + width]
+                ids = [self.cls_id, *chunk, self.sep_id]
+                special = [1] + [0] * len(chunk) + [1]
+                rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt if w == 0 else 0))
         return rows
 
     def _tokenize_landmark(self, texts: Sequence[str], prompt: str, g: int) -> list[_Row]:
@@ -232,9 +255,11 @@ class FrozenEncoder:
         prompt = self.prompt_for(role)
         if plan.kind == "standard":
             return self._tokenize_standard(texts, prompt, truncate)
+        if plan.kind == "windowed":
+            return self._tokenize_windowed(texts, prompt)
         if plan.kind == "landmark":
             return self._tokenize_landmark(texts, prompt, plan.g)
-        raise ValueError(f"unknown tokenization plan {plan.kind!r}; use standard or landmark")
+        raise ValueError(f"unknown tokenization plan {plan.kind!r}; use standard, windowed or landmark")
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation)."""

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from poolers.base import Pooler, register
+from poolers.encoder import STANDARD, WINDOWED, Plan
 from poolers.states import TokenStates
 
 
@@ -14,12 +15,30 @@ def normalized_tokens(states: TokenStates) -> list[Tensor]:
     return [torch.nn.functional.normalize(t, dim=-1) for t in states.per_text_tokens()]
 
 
+class TokenVectorPooler(Pooler):
+    """Base of the multi-vector poolers over token states: ``window=true`` encodes an input
+    longer than the model's window as several windows (the ``windowed`` plan, its own forward
+    pass) and keeps the vectors of all of them, instead of truncating it."""
+
+    multi_vector = True
+    window = False
+
+    @property
+    def plan(self) -> Plan:
+        return WINDOWED if self.window else STANDARD
+
+
 @register
-class TokensPooler(Pooler):
-    """All token vectors of a text (``[CLS]`` and ``[SEP]`` included), L2-normalized."""
+class TokensPooler(TokenVectorPooler):
+    """All token vectors of a text (``[CLS]`` and ``[SEP]`` included), L2-normalized.
+
+    Args:
+        window: keep the tokens of every window of a long input (default: truncate, as
+            sentence-transformers and PyLate do).
+    """
 
     name = "tokens"
-    multi_vector = True
+    options = {"window": bool}
 
     def pool(self, states: TokenStates) -> list[Tensor]:
         return normalized_tokens(states)

@@ -14,7 +14,7 @@ import torch
 
 from poolers import Embedder, FrozenEncoder, Plan, PoolerSpecError, build_pooler
 from poolers.attention import AttentionHead
-from poolers.encoder import default_model_path, pooling_mode_from_config
+from poolers.encoder import WINDOWED, default_model_path, pooling_mode_from_config
 
 
 # ---------------------------------------------------------------- landmark plan
@@ -60,6 +60,41 @@ def test_landmark_long_input_is_windowed_not_truncated(encoder, embedder):
     assert len(encoder.tokenize([words])[0].ids) == encoder.max_length
 
 
+def test_window_keeps_every_token_of_a_long_input(encoder, embedder, st_model):
+    """tokens/cluster with window=true: every token of a 3,000-token input, window by window;
+    the first window is the standard (truncated) sequence; a short input is unchanged."""
+    words = " ".join(f"w{i % 97} alpha" for i in range(1100))
+    body = encoder.tokenizer(words, add_special_tokens=False)["input_ids"]
+    width = encoder.max_length - 2
+    rows = encoder.tokenize([words], WINDOWED)
+    assert len(rows) == -(-len(body) // width) >= 2
+    assert [t for r in rows for t in r.ids[1:-1]] == body  # no token left out, none repeated
+    for r in rows:
+        assert r.ids[0] == encoder.tokenizer.cls_token_id and r.ids[-1] == encoder.tokenizer.sep_token_id
+        assert len(r.ids) <= encoder.max_length
+    assert rows[0].ids == encoder.tokenize([words])[0].ids
+    short = ["a short text", ""]
+    assert [r.ids for r in encoder.tokenize(short, WINDOWED)] == [r.ids for r in encoder.tokenize(short)]
+
+    specs = ["tokens", "tokens:window=true", "cluster:window=true"]
+    r = embedder.embed([words, "a short text"], specs)
+    win = r.vectors["tokens:window=true"][0]
+    assert len(r.vectors["tokens"][0]) == encoder.max_length
+    assert len(win) == len(body) + 2 * len(rows)
+    # window k's vectors are sentence-transformers' transformer run on that window alone
+    bert = st_model[0].auto_model
+    start = 0
+    for row in rows:
+        ids = torch.tensor([row.ids])
+        with torch.inference_mode():
+            ref = bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        ref = torch.nn.functional.normalize(ref.float(), dim=-1).numpy()
+        np.testing.assert_allclose(win[start:start + len(row.ids)], ref, atol=1e-4)
+        start += len(row.ids)
+    np.testing.assert_array_equal(r.vectors["tokens:window=true"][1], r.vectors["tokens"][1])
+    assert len(r.vectors["cluster:window=true"][0]) == 1 + (len(win) - 1) // 2
+
+
 def test_landmark_excludes_cls(encoder, embedder):
     text = "landmark pooling ignores the first token state"
     (_, st), = list(encoder.encode([text], Plan("landmark", 4)))
@@ -82,6 +117,9 @@ def test_one_forward_pass_per_plan(encoder, embedder):
     passes = encoder.stats.passes
     embedder.embed(texts, ["mean", "tokens", "landmark", "landmark:g=16"])
     assert encoder.stats.passes - passes == 3  # standard, landmark g=32, landmark g=16
+    passes = encoder.stats.passes
+    embedder.embed(texts, ["mean", "tokens:window=true", "cluster:window=true"])
+    assert encoder.stats.passes - passes == 2  # standard, windowed
 
 
 def test_batch_invariance(encoder, embedder, scifact_docs):
