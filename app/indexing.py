@@ -5,13 +5,14 @@ lines, or stdin), embeds it with every requested pooler -- one forward pass per 
 for all of them -- and writes one :class:`index.Collection` per pooler spec.
 
 Resumability: every ``commit_every`` input records the job commits each collection and then
-records, in ``<collection>/indexjob.json``, how many input records that collection holds and the
-id of the last one. A rerun skips those records (checking that the id at that position is still
-the same) and continues; records between the last job-state write and a crash are simply
-upserted again (same ids replace), and the final compaction removes any tombstones they left,
-so an interrupted and resumed run ends with the same documents and vectors as an uninterrupted
-one. The job state also pins the settings (corpus, fields, model, encoder precision, pooler,
-dimensions); a rerun with different ones is refused with a message naming them.
+records, in ``<collection>/indexjob.json`` (with ``backend="milvus"``: the collection property
+``embedpool.indexjob``, so the state lives and dies with the collection), how many input records
+that collection holds and the id of the last one. A rerun skips those records (checking that the
+id at that position is still the same) and continues; records between the last job-state write
+and a crash are simply upserted again (same ids replace), and the final compaction removes any
+tombstones they left, so an interrupted and resumed run ends with the same documents and vectors
+as an uninterrupted one. The job state also pins the settings (corpus, fields, model, encoder
+precision, pooler, dimensions); a rerun with different ones is refused with a message naming them.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from index import Collection, CollectionSpec
+from index import CollectionNotFoundError, CollectionSpec, open_collection
 
 JOB_FILE = "indexjob.json"
+JOB_PROPERTY = "embedpool.indexjob"  # the job state of a Milvus collection
 JOB_VERSION = 1
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
@@ -367,7 +369,7 @@ class Target:
     multi: bool
     plan: str
     companion_of: list[str] = field(default_factory=list)
-    coll: Collection | None = None
+    coll: Any = None  # an index.CollectionBase
     committed: int = 0  # input records durably in the collection
     added: int = 0  # input records added (committed or not)
     last_id: str | None = None
@@ -380,7 +382,7 @@ class IndexJob:
 
     Args:
         embedder: a :class:`poolers.Embedder`.
-        data_dir: folder of collections.
+        data_dir: folder of collections (``backend="milvus"``: of the default Milvus Lite file).
         name: collection name (``name`` for one pooler, ``name-<pooler>`` for several).
         poolers: pooler specs.
         source: a description of the corpus pinned in the job state (``CorpusSource.describe()``).
@@ -392,13 +394,16 @@ class IndexJob:
         dimensions, normalize: post-processing (Matryoshka, L2).
         store_text: keep document texts in the document store.
         progress: show a tqdm bar on stderr.
+        backend, milvus_uri, milvus_token: where the collections live (see
+            :func:`index.open_collection`).
     """
 
     def __init__(self, embedder, data_dir: str | os.PathLike, name: str, poolers: list[str], *,
                  source: dict | None = None, companion: str | None = "mean", commit_every: int = 1000,
                  batch_docs: int = 256, factory: str = "IDMap2,Flat", storage_precision: str = "float32",
                  token_factory: str = "HNSW32", dimensions: int | None = None, normalize: bool = True,
-                 store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+                 store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None,
+                 backend: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
         if not poolers:
             raise IndexJobError("give at least one --pooler")
         if commit_every < 1 or batch_docs < 1:
@@ -406,6 +411,8 @@ class IndexJob:
         embedder.check_dimensions(dimensions)
         self.embedder = embedder
         self.data_dir = Path(data_dir)
+        self.backend = backend
+        self._where = {"backend": backend, "milvus_uri": milvus_uri, "milvus_token": milvus_token}
         self.name = name
         self.commit_every = int(commit_every)
         self.batch_docs = int(min(batch_docs, commit_every))
@@ -464,8 +471,7 @@ class IndexJob:
         try:
             states = {}
             for t in self.targets.values():  # settings first: the clearest message
-                folder = self.data_dir / t.name
-                state = read_job_state(folder) if folder.is_dir() else None
+                state = self._read_state(t)
                 if state is not None:
                     diffs = _diff_settings(state.get("settings", {}), t.settings)
                     if diffs:
@@ -475,7 +481,7 @@ class IndexJob:
                             "name (or delete the collection)")
                 states[t.spec] = state
             for t in self.targets.values():
-                t.coll = Collection.open_or_create(self.data_dir, t.name, self.collection_spec(t))
+                t.coll = open_collection(self.data_dir, t.name, self.collection_spec(t), **self._where)
                 state = states[t.spec]
                 if state is None:
                     if len(t.coll):
@@ -491,11 +497,32 @@ class IndexJob:
             self.close()
             raise
 
+    def _read_state(self, t: Target) -> dict | None:
+        if self.backend == "faiss":
+            folder = self.data_dir / t.name
+            return read_job_state(folder) if folder.is_dir() else None
+        try:
+            coll = open_collection(self.data_dir, t.name, **self._where)
+        except CollectionNotFoundError:
+            return None
+        try:
+            raw = coll.get_property(JOB_PROPERTY)
+        finally:
+            coll.close()
+        try:
+            return None if raw is None else json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise IndexJobError(f"job state of Milvus collection {t.name!r} is unreadable ({e}); delete "
+                                "the collection to start over") from None
+
     def _save_state(self, t: Target) -> None:
-        _write_json_durable(t.coll.folder / JOB_FILE, {
-            "version": JOB_VERSION, "settings": t.settings, "committed_records": t.committed,
-            "last_id": t.last_id, "encode_seconds": round(t.encode_seconds, 3),
-            "collection": t.name, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        state = {"version": JOB_VERSION, "settings": t.settings, "committed_records": t.committed,
+                 "last_id": t.last_id, "encode_seconds": round(t.encode_seconds, 3),
+                 "collection": t.name, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if self.backend == "faiss":
+            _write_json_durable(t.coll.folder / JOB_FILE, state)
+        else:
+            t.coll.set_property(JOB_PROPERTY, json.dumps(state))
 
     def close(self) -> None:
         for t in self.targets.values():
@@ -656,7 +683,8 @@ class IndexJob:
                          "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),
                          "encode_seconds": round(t.encode_seconds, 3)})
         secs = self.elapsed
-        return {"collection": self.name, "data_dir": str(self.data_dir), "records": self.records_read,
+        return {"collection": self.name, "data_dir": str(self.data_dir), "backend": self.backend,
+                "milvus_uri": self._where["milvus_uri"], "records": self.records_read,
                 "indexed_this_run": self.records_indexed, "seconds": round(secs, 3),
                 "docs_per_s": round(self.records_indexed / secs, 2) if secs else None,
                 "tokens": self.tokens, "tokens_per_s": round(self.tokens / secs, 1) if secs else None,
@@ -678,7 +706,9 @@ def format_summary(s: dict[str, Any]) -> str:
     """The end-of-job summary as a small table."""
     head = (f"{s['records']} records ({s['indexed_this_run']} this run) in {s['seconds']:.1f}s"
             + (f", {s['docs_per_s']:.1f} docs/s, {s['tokens_per_s']:,.0f} tokens/s" if s["docs_per_s"] else "")
-            + f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}")
+            + (f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}"
+               if s.get("backend", "faiss") == "faiss" else
+               f"; in Milvus at {s['milvus_uri'] or 'the default Milvus Lite file in ' + s['data_dir']}"))
     cols = ["collection", "pooler", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk", "encode_seconds"]
     rows = [[_fmt(r[c]) for c in cols] for r in s["collections"]]
     return head + "\n" + render_table(cols, rows)

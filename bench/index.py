@@ -20,11 +20,14 @@ nDCG@10 (ranx) with ``exhaustive`` MaxSim and with ``two_stage`` (mean-pooled co
 N = 50/100/200/500), and one-query-per-call latency p50/p99 of both.
 Writes ``bench/results/index_scifact.json``.
 
-Milvus part (``--backend milvus``; issue 7): SciFact mean-pooled single vectors in FAISS
-``IDMap2,Flat`` and Milvus ``FLAT`` (Milvus Lite in a temp file, or ``--milvus-uri``): nDCG@10,
-add throughput, query latency p50/p99 side by side; a multi-vector two-stage run on Milvus with
-MaxSim in embedpool; and a probe of Milvus' own multi-vector MaxSim (array-of-vector fields).
-Writes ``bench/results/index_milvus.json``.
+Milvus part (``--backend milvus``; issue 7): FAISS and Milvus side by side on SciFact (Milvus
+Lite in a temp file, or ``--milvus-uri``): mean-pooled single vectors in FAISS ``IDMap2,Flat`` and
+Milvus ``FLAT`` (nDCG@10 and its difference, add throughput in vectors/s, one-query-per-call
+latency p50/p99); multi-vector collections (``--multi-pooler``, one row per vector in Milvus) with
+exact MaxSim in embedpool, exhaustive and ``two_stage`` (companion in the same backend and in the
+other one); and a probe of Milvus' own multi-vector MaxSim (Array of Structs + MAX_SIM_IP).
+Reads the embedding cache only (never encodes). Writes ``bench/results/index_milvus.json``
+(marked ``partial`` until the run completes) and prints a Markdown table.
 
 Both SciFact parts read the embeddings from ``bench/results/cache/`` (see bench/scifact_data.py):
 the corpus is encoded once, by the first run (slow: one forward pass serves every pooler).
@@ -324,11 +327,26 @@ def print_scifact(out: dict) -> None:
 
 
 # ---- Milvus vs FAISS -------------------------------------------------------------------------
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for dist in ("pymilvus", "milvus-lite", "faiss-cpu"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def probe_native_maxsim(uri: str, token: str | None) -> dict:
-    """Does this Milvus offer its own multi-vector MaxSim (array-of-struct vector field with a
-    MAX_SIM metric, Milvus 2.6+)?"""
+    """Does this Milvus offer its own multi-vector MaxSim (an Array of Structs field whose vector
+    sub-field is indexed as an embedding list with a MAX_SIM metric; Milvus 2.6.4+)? Tries it for
+    real on ``uri`` and records what the server says."""
     from pymilvus import DataType, MilvusClient
 
+    client_api = all(hasattr(o, a) for o, a in ((MilvusClient, "create_struct_field_schema"),
+                                                 (DataType, "STRUCT")))
     client = MilvusClient(uri=uri, token=token or "")
     name = "embedpool_probe_maxsim"
     try:
@@ -348,9 +366,10 @@ def probe_native_maxsim(uri: str, token: str | None) -> dict:
         client.create_collection(name, schema=schema, index_params=ip)
         client.insert(name, [{"id": "a", "dummy": [1.0, 0.0], "tokens": [{"emb": [1.0, 0, 0, 0]}]}])
         client.search(name, data=[[[1.0, 0, 0, 0]]], anns_field="tokens[emb]", limit=1)
-        return {"available": True}
+        return {"available": True, "client_api": client_api}
     except Exception as e:  # noqa: BLE001 - record whatever the server says
-        return {"available": False, "error": f"{type(e).__name__}: {getattr(e, 'message', e)}"}
+        return {"available": False, "client_api": client_api,
+                "error": f"{type(e).__name__}: {getattr(e, 'message', e)}"}
     finally:
         try:
             if client.has_collection(name):
@@ -368,9 +387,25 @@ def _lat(fn, n: int) -> tuple[list, list[float]]:
     return res, lat
 
 
-def bench_milvus(root: Path, docs: int | None, encode_threads: int, milvus_uri: str | None,
-                 milvus_token: str | None, multi_pooler: str, multi_queries: int, log=print) -> dict:
-    sf, cache, sd = _scifact(docs, encode_threads)
+def _cache_only(cache) -> None:
+    """The Milvus benchmark reads embeddings from the cache only: a missing chunk stops the run
+    instead of encoding the corpus (slow, and not what this benchmark measures)."""
+    def refuse():
+        raise SystemExit(f"bench/index.py --backend milvus: embeddings missing from {cache.dir}; fill the "
+                         "cache first (.venv/bin/python bench/scifact_data.py), this run does not encode")
+    cache.embedder = refuse
+
+
+def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_token: str | None,
+                 multi_pooler: str, multi_queries: int | None, candidates: int, latency_queries: int,
+                 log=print, checkpoint=lambda out: None) -> dict:
+    """FAISS vs Milvus on SciFact: single vectors (FAISS ``IDMap2,Flat`` vs Milvus ``FLAT``), then
+    multi-vector collections (one row per vector; exhaustive and two_stage MaxSim in embedpool),
+    two_stage also with the companion in the other backend. Multi-vector nDCG@10 comes from batched
+    searches over all queries, latency from the first ``latency_queries`` one per call.
+    ``checkpoint(out)`` after each part."""
+    sf, cache, sd = _scifact(docs, 1)
+    _cache_only(cache)
     qids = sf.query_ids
     q = sd.scifact_queries(sf, cache)
     q_mean, q_tokens = np.stack(q["mean"]), q["tokens"]
@@ -378,64 +413,97 @@ def bench_milvus(root: Path, docs: int | None, encode_threads: int, milvus_uri: 
     uri = milvus_uri or str(root / "milvus.db")
     kw = {"faiss": {}, "milvus": {"backend": "milvus", "milvus_uri": uri, "milvus_token": milvus_token}}
     spec = CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384)
-    out = {"documents": len(sf.doc_ids), "queries": len(qids),
+    out = {"documents": len(sf.doc_ids), "queries": len(qids), "versions": _versions(),
            "milvus_uri": "Milvus Lite (temp file)" if milvus_uri is None else milvus_uri, "single": {}}
     colls = {}
-    for backend in ("faiss", "milvus"):
-        t0 = time.perf_counter()
-        coll = open_collection(root, "bench-mean", spec, **kw[backend])
-        t_open = time.perf_counter() - t0
-        t_add = _add_all(coll, sf.doc_ids, mean_docs, 500)
-        coll.search(q_mean[:2], k=10)  # warm-up
-        hits, lat = _lat(lambda i: coll.search(q_mean[i:i + 1], k=10)[0], len(qids))
-        t0 = time.perf_counter()
-        batched = coll.search(q_mean, k=10)
-        t_batch = time.perf_counter() - t0
-        out["single"][backend] = {
-            "index": "IDMap2,Flat" if backend == "faiss" else "FLAT",
-            "ndcg@10": ndcg10(sf.qrels, dict(zip(qids, hits))),
-            "open_s": round(t_open, 2), "add_s": round(t_add, 2),
-            "add_docs_per_s": round(len(sf.doc_ids) / t_add, 1),
-            "per_query_k10": pct(lat),
-            "batch_all_queries_ms_per_query": round(1000 * t_batch / len(qids), 3),
-            "top10": [[h.id for h in r] for r in batched]}
-        colls[backend] = coll
-        log(f"{backend}: {out['single'][backend]['ndcg@10']} nDCG@10, add {t_add:.1f} s, "
-            f"p50 {out['single'][backend]['per_query_k10']['p50_ms']} ms")
-    f, m = out["single"]["faiss"], out["single"]["milvus"]
-    out["single"]["ndcg_diff"] = round(m["ndcg@10"] - f["ndcg@10"], 4)
-    out["single"]["same_top10_queries"] = sum(a == b for a, b in zip(f.pop("top10"), m.pop("top10")))
-    out["single"]["target_equal_within_0.002"] = abs(out["single"]["ndcg_diff"]) <= 0.002
+    try:
+        for backend in ("faiss", "milvus"):
+            t0 = time.perf_counter()
+            coll = colls[backend] = open_collection(root, "bench-mean", spec, **kw[backend])
+            t_open = time.perf_counter() - t0
+            t_add = _add_all(coll, sf.doc_ids, mean_docs, 500)
+            coll.search(q_mean[:2], k=10)  # warm-up
+            hits, lat = _lat(lambda i: coll.search(q_mean[i:i + 1], k=10)[0], len(qids))
+            t0 = time.perf_counter()
+            batched = coll.search(q_mean, k=10)
+            t_batch = time.perf_counter() - t0
+            out["single"][backend] = {
+                "index": "IDMap2,Flat" if backend == "faiss" else "FLAT",
+                "ndcg@10": ndcg10(sf.qrels, dict(zip(qids, hits))),
+                "vectors": len(sf.doc_ids), "open_s": round(t_open, 2), "add_s": round(t_add, 2),
+                "add_vectors_per_s": round(len(sf.doc_ids) / t_add, 1),
+                "per_query_k10": pct(lat),
+                "batch_all_queries_ms_per_query": round(1000 * t_batch / len(qids), 3),
+                "top10": [[h.id for h in r] for r in batched]}
+            s = out["single"][backend]
+            log(f"{backend} single: nDCG@10 {s['ndcg@10']}, add {t_add:.1f} s, "
+                f"p50 {s['per_query_k10']['p50_ms']} ms, p99 {s['per_query_k10']['p99_ms']} ms")
+        f, m = out["single"]["faiss"], out["single"]["milvus"]
+        out["single"]["ndcg_diff"] = round(m["ndcg@10"] - f["ndcg@10"], 4)
+        out["single"]["same_top10_queries"] = sum(a == b for a, b in zip(f.pop("top10"), m.pop("top10")))
+        out["single"]["target_equal_within_0.002"] = abs(out["single"]["ndcg_diff"]) <= 0.002
+        checkpoint(out)
 
-    # multi-vector on Milvus: candidates from Milvus, exact MaxSim in embedpool
-    vecs = sd.scifact_docs(sf, cache, (multi_pooler,))[multi_pooler]
-    mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion="bench-mean")
-    nq = min(multi_queries, len(qids))
-    sub = {q: sf.qrels[q] for q in qids[:nq]}
-    multi = {"pooler": multi_pooler, "precision": "float32", "candidates": 100, "queries": nq}
-    for backend in ("faiss", "milvus"):
-        coll = open_collection(root, "bench-multi", mspec, **kw[backend])
-        t_add = _add_all(coll, sf.doc_ids, vecs, 250)
-        hits, lat = _lat(lambda i: coll.search([q_tokens[i]], k=10, mode="two_stage", candidates=100,
-                                               companion_queries=q_mean[i:i + 1])[0], nq)
-        ex = {}
-        for s in range(0, nq, 64):
-            ex.update(zip(qids[s:min(s + 64, nq)], coll.search(q_tokens[s:min(s + 64, nq)], k=10)))
-        multi[backend] = {"vectors": coll.stats()["vectors"], "add_s": round(t_add, 2),
-                          "add_docs_per_s": round(len(sf.doc_ids) / t_add, 1),
-                          "exhaustive_ndcg@10": ndcg10(sub, ex),
-                          "two_stage_ndcg@10": ndcg10(sub, dict(zip(qids, hits))),
-                          "two_stage_per_query": pct(lat)}
-        log(f"{backend} multi two_stage: {multi[backend]['two_stage_ndcg@10']} nDCG@10, "
-            f"p50 {multi[backend]['two_stage_per_query']['p50_ms']} ms")
-        coll.close()
-    out["multi_two_stage"] = multi
-    out["native_maxsim"] = probe_native_maxsim(uri, milvus_token)
-    for backend, coll in colls.items():
-        coll.close()
-        if backend == "milvus" and milvus_uri is not None:  # leave a server as we found it
-            delete_collection(root, "bench-multi", **kw[backend])
-            delete_collection(root, "bench-mean", **kw[backend])
+        # multi-vector: one row per vector in Milvus; candidates from the backend, exact MaxSim
+        # in embedpool; two_stage with the companion in the same and in the other backend
+        vecs = sd.scifact_docs(sf, cache, (multi_pooler,))[multi_pooler]
+        mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion="bench-mean")
+        nq = len(qids) if multi_queries is None else min(multi_queries, len(qids))
+        sub = {qq: sf.qrels[qq] for qq in qids[:nq]}
+        nl = min(latency_queries, nq)
+        multi = out["multi"] = {"pooler": multi_pooler, "precision": "float32", "candidates": candidates,
+                                "queries": nq, "latency_queries": nl}
+        for backend, other in (("faiss", "milvus"), ("milvus", "faiss")):
+            coll = open_collection(root, "bench-multi", mspec, **kw[backend])
+            try:
+                t_add = _add_all(coll, sf.doc_ids, vecs, 250)
+                n_vec = coll.stats()["vectors"]
+                row = multi[backend] = {"vectors": n_vec, "add_s": round(t_add, 2),
+                                        "add_vectors_per_s": round(n_vec / t_add, 1)}
+                t0 = time.perf_counter()
+                ex = {}
+                for s0 in range(0, nq, 100):  # exact MaxSim over every document, 100 queries a call
+                    ex.update(zip(qids[s0:min(s0 + 100, nq)], coll.search(q_tokens[s0:min(s0 + 100, nq)], k=10)))
+                row["exhaustive"] = {"ndcg@10": ndcg10(sub, ex),
+                                     "ms_per_query_batched": round(1000 * (time.perf_counter() - t0) / nq, 1)}
+                for comp_backend in (backend, other):
+                    comp = colls[comp_backend]
+
+                    def two_stage(a: int, b: int, comp=comp) -> list[list]:
+                        return coll.search(q_tokens[a:b], k=10, mode="two_stage", candidates=candidates,
+                                           companion=comp, companion_queries=q_mean[a:b])
+
+                    two_stage(0, 1)  # warm-up
+                    hits = [h for s0 in range(0, nq, 25) for h in two_stage(s0, min(s0 + 25, nq))]
+                    _, lat = _lat(lambda i: two_stage(i, i + 1), nl)
+                    row[f"two_stage_companion_{comp_backend}"] = {
+                        "ndcg@10": ndcg10(sub, dict(zip(qids, hits))), **pct(lat),
+                        "top10": [[h.id for h in r] for r in hits]}
+                    t = row[f"two_stage_companion_{comp_backend}"]
+                    log(f"{backend} multi, two_stage with {comp_backend} companion: nDCG@10 {t['ndcg@10']}, "
+                        f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
+                log(f"{backend} multi: {n_vec:,} vectors, add {t_add:.1f} s, exhaustive nDCG@10 "
+                    f"{row['exhaustive']['ndcg@10']}")
+            finally:
+                coll.close()
+                if backend == "milvus" and milvus_uri is not None:  # leave a server as we found it
+                    delete_collection(root, "bench-multi", **kw[backend])
+        tops = [multi[b][f"two_stage_companion_{c}"].pop("top10") for b in ("faiss", "milvus")
+                for c in ("faiss", "milvus")]
+        multi["two_stage_ndcg_diff"] = round(multi["milvus"]["two_stage_companion_milvus"]["ndcg@10"]
+                                             - multi["faiss"]["two_stage_companion_faiss"]["ndcg@10"], 4)
+        multi["exhaustive_ndcg_diff"] = round(multi["milvus"]["exhaustive"]["ndcg@10"]
+                                              - multi["faiss"]["exhaustive"]["ndcg@10"], 4)
+        multi["two_stage_same_top10_queries_all_4_combinations"] = sum(
+            all(t[i] == tops[0][i] for t in tops) for i in range(nq))
+        checkpoint(out)
+        out["native_maxsim"] = probe_native_maxsim(uri, milvus_token)
+        log(f"native MaxSim: {out['native_maxsim']}")
+    finally:
+        for backend, coll in colls.items():
+            coll.close()
+            if backend == "milvus" and milvus_uri is not None:
+                delete_collection(root, "bench-mean", **kw[backend])
     return out
 
 
@@ -446,31 +514,43 @@ def md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def print_milvus(out: dict) -> None:
-    s = out["single"]
-    print(f"\nSciFact test, mean-pooled MiniLM single vectors, {out['documents']:,} documents, "
-          f"{out['queries']} queries, k=10; Milvus: {out['milvus_uri']}\n")
-    print(md_table(["backend", "index", "nDCG@10", "add (docs/s)", "query p50 ms", "query p99 ms",
-                    "all queries in one call (ms/query)"],
-                   [[b, s[b]["index"], f"{s[b]['ndcg@10']:.4f}", f"{s[b]['add_docs_per_s']:,.0f}",
-                     s[b]["per_query_k10"]["p50_ms"], s[b]["per_query_k10"]["p99_ms"],
-                     s[b]["batch_all_queries_ms_per_query"]] for b in ("faiss", "milvus")]))
-    print(f"\nnDCG@10 difference milvus - faiss: {s['ndcg_diff']:+.4f} (target ±0.002: "
-          f"{'MET' if s['target_equal_within_0.002'] else 'NOT MET'}); identical top-10 lists: "
-          f"{s['same_top10_queries']}/{out['queries']} queries")
-    m = out["multi_two_stage"]
-    print(f"\nmulti-vector ({m['pooler']}, {m['precision']}), first {m['queries']} queries: exhaustive, "
-          f"and two_stage N={m['candidates']} (mean-pooled companion in the same backend), "
-          "exact MaxSim in embedpool:\n")
-    print(md_table(["backend", "vectors", "add (docs/s)", "exhaustive nDCG@10", "two_stage nDCG@10",
-                    "two_stage p50 ms", "two_stage p99 ms"],
-                   [[b, f"{m[b]['vectors']:,}", f"{m[b]['add_docs_per_s']:,.0f}",
-                     f"{m[b]['exhaustive_ndcg@10']:.4f}", f"{m[b]['two_stage_ndcg@10']:.4f}",
-                     m[b]["two_stage_per_query"]["p50_ms"], m[b]["two_stage_per_query"]["p99_ms"]]
-                    for b in ("faiss", "milvus")]))
+def milvus_markdown(out: dict) -> str:
+    """The Milvus benchmark as Markdown: one table, FAISS and Milvus side by side."""
+    s, m = out["single"], out["multi"]
+    v = out["versions"]
+    rows = [["single (mean)", f"{b} {s[b]['index']}", f"{s[b]['vectors']:,}", f"{s[b]['add_vectors_per_s']:,.0f}",
+             f"{s[b]['ndcg@10']:.4f}", "", s[b]["per_query_k10"]["p50_ms"], s[b]["per_query_k10"]["p99_ms"]]
+            for b in ("faiss", "milvus")]
+    for b in ("faiss", "milvus"):
+        for c in ("faiss", "milvus"):
+            t = m[b][f"two_stage_companion_{c}"]
+            rows.append([f"multi ({m['pooler']}), two_stage N={m['candidates']}",
+                         f"{b} rows + {c} companion", f"{m[b]['vectors']:,}" if b == c else "",
+                         f"{m[b]['add_vectors_per_s']:,.0f}" if b == c else "",
+                         f"{t['ndcg@10']:.4f}", f"{m[b]['exhaustive']['ndcg@10']:.4f}" if b == c else "",
+                         t["p50_ms"], t["p99_ms"]])
     n = out["native_maxsim"]
-    print(f"\nMilvus native multi-vector MaxSim (array-of-struct vector field, MAX_SIM_IP): "
-          + ("available" if n["available"] else f"not available here ({n['error']})"))
+    lines = [
+        f"SciFact test ({out['documents']:,} documents, {out['queries']} queries; multi-vector nDCG@10 "
+        f"over {m['queries']} queries), k=10; latency one query per call (multi-vector: first "
+        f"{m['latency_queries']} queries); {out['milvus_uri']}; "
+        f"pymilvus {v['pymilvus']}, milvus-lite {v['milvus-lite']}, faiss-cpu {v['faiss-cpu']}.",
+        "",
+        md_table(["part", "backend", "vectors", "add (vectors/s)", "nDCG@10", "exhaustive nDCG@10",
+                  "query p50 ms", "query p99 ms"], rows),
+        "",
+        f"- single-vector nDCG@10 difference milvus - faiss: {s['ndcg_diff']:+.4f} (target ±0.002: "
+        f"{'met' if s['target_equal_within_0.002'] else 'NOT met'}); identical top-10 lists for "
+        f"{s['same_top10_queries']}/{out['queries']} queries.",
+        f"- multi-vector nDCG@10 difference milvus - faiss: two_stage {m['two_stage_ndcg_diff']:+.4f}, "
+        f"exhaustive {m['exhaustive_ndcg_diff']:+.4f}; identical two_stage top-10 lists in all four "
+        f"backend combinations for {m['two_stage_same_top10_queries_all_4_combinations']}/{m['queries']} queries.",
+        "- Milvus native multi-vector MaxSim (Array of Structs field, MAX_SIM_IP): "
+        + ("available" if n["available"] else
+           f"not available with this Milvus (client API present: {'yes' if n['client_api'] else 'no'}; "
+           f"server: {n['error']})"),
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -483,9 +563,13 @@ def main() -> None:
     ap.add_argument("--milvus-token")
     ap.add_argument("--multi-pooler", default="cluster:pool_factor=16",
                     help="pooler of the multi-vector collections of --backend milvus")
-    ap.add_argument("--multi-queries", type=int, default=30,
-                    help="--backend milvus: queries of the multi-vector two_stage comparison "
-                         "(Milvus Lite returns ~2-5k vectors/s, so each query takes seconds)")
+    ap.add_argument("--multi-queries", type=int,
+                    help="--backend milvus: first N queries of the multi-vector comparison (default all)")
+    ap.add_argument("--multi-latency-queries", type=int, default=50,
+                    help="--backend milvus: multi-vector queries timed one per call (Milvus Lite "
+                         "fetches the candidates' vectors at a few thousand rows/s: seconds per query)")
+    ap.add_argument("--candidates", type=int, default=100,
+                    help="--backend milvus: two_stage candidates of the multi-vector comparison")
     ap.add_argument("--docs", type=int, help="SciFact: first N documents only (queries with a "
                     "relevant document among them)")
     ap.add_argument("--latency-queries", type=int, default=20,
@@ -501,17 +585,30 @@ def main() -> None:
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": THREADS}
     if args.scifact or args.backend == "milvus":
         out_path = args.out or (RESULTS_SCIFACT if args.scifact else RESULTS_MILVUS)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+
+        machine["loadavg_1m_start"] = round(os.getloadavg()[0], 2)  # a shared machine: how busy
+
+        def write(res: dict, complete: bool = True) -> None:
+            machine["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+            result = {"machine": machine, "threads": THREADS, "docs_arg": args.docs, **res}
+            if not complete:
+                result["partial"] = True  # a run that stopped early keeps what it measured
+            out_path.write_text(json.dumps(result, indent=2) + "\n")
+
         with tempfile.TemporaryDirectory() as tmp:
             if args.scifact:
                 res = bench_scifact(Path(tmp), args.docs, args.encode_threads, args.latency_queries)
             else:
-                res = bench_milvus(Path(tmp), args.docs, args.encode_threads, args.milvus_uri,
-                                   args.milvus_token, args.multi_pooler, args.multi_queries)
-        result = {"machine": machine, "threads": THREADS, "docs_arg": args.docs, **res}
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=2) + "\n")
+                res = bench_milvus(Path(tmp), args.docs, args.milvus_uri, args.milvus_token,
+                                   args.multi_pooler, args.multi_queries, args.candidates,
+                                   args.multi_latency_queries, checkpoint=lambda r: write(r, complete=False))
+        write(res)
         print(f"threads: {THREADS or 'library default'}")
-        (print_scifact if args.scifact else print_milvus)(res)
+        if args.scifact:
+            print_scifact(res)
+        else:
+            print("\n" + milvus_markdown(res))
         print(f"\nwrote {out_path}")
         return
     args.out = args.out or RESULTS

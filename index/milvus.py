@@ -427,6 +427,25 @@ class MilvusCollection(CollectionBase):
                     self._mname, properties={MANIFEST_KEY: json.dumps(m)})
             self._manifest = m
 
+    def get_property(self, key: str) -> str | None:
+        """A string stored with the collection (a Milvus collection property), or ``None``: state
+        that must live and die with the collection, such as the batch indexing job's."""
+        self._check_open()
+        with _errors(f"reading properties of {self.name!r}"):
+            props = self._client.describe_collection(self._mname).get("properties") or {}
+        return props.get(key)
+
+    def set_property(self, key: str, value: str) -> None:
+        """Store ``value`` under ``key`` with the collection (not the manifest's key)."""
+        if key == MANIFEST_KEY or not isinstance(key, str) or not key:
+            raise InvalidInputError(f"property key {key!r} is reserved or empty")
+        if not isinstance(value, str):
+            raise InvalidInputError("property values are strings")
+        with self._wlock:
+            self._check_open()
+            with _errors(f"writing properties of {self.name!r}"):
+                self._client.alter_collection_properties(self._mname, properties={key: value})
+
     def compact(self) -> None:
         """Ask Milvus to compact (drop deleted rows, merge segments), then commit."""
         self._check_open()

@@ -86,8 +86,10 @@ def test_image_settings_exist():
 
     names = set(re.findall(r"EMBEDPOOL_([A-Z_]+)", DOCKERFILE.read_text() + COMPOSE.read_text()))
     fields = {f.upper() for f in Settings.model_fields}
-    unknown = names - fields - {"PUBLISH_PORT"}  # compose's host-side port only
+    # compose's host-side ports (EMBEDPOOL_PUBLISH_PORT, EMBEDPOOL_API_MILVUS_PUBLISH_PORT) only
+    unknown = {n for n in names - fields if not n.endswith("PUBLISH_PORT")}
     assert not unknown, unknown
+    assert {"BACKEND", "MILVUS_URI"} <= names
 
 
 def test_healthcheck_route_is_public_and_answers_503_until_loaded(tmp_path, monkeypatch):
@@ -109,9 +111,30 @@ def test_healthcheck_route_is_public_and_answers_503_until_loaded(tmp_path, monk
         assert r.status_code == 503 and r.json()["type"] == "not_ready"
 
 
+def _compose() -> dict:
+    import yaml  # pyyaml is a test dependency
+
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _default(value) -> str:
+    """A compose value with its ``${VAR:-default}`` / ``${VAR}`` parts as with VAR unset."""
+    return re.sub(r"\$\{[A-Z0-9_]+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", str(value))
+
+
+def _mounts(service: dict) -> list[tuple[str, str]]:
+    return [tuple(v.split(":")[:2]) for v in service.get("volumes", [])]
+
+
+def _host_ports(service: dict) -> list[str]:
+    return [_default(p).rsplit(":", 1)[0] for p in service.get("ports", [])]
+
+
+MILVUS_PROFILE = {"api-milvus", "milvus-standalone", "milvus-etcd", "milvus-minio"}
+
+
 def test_compose_file():
-    yaml = pytest.importorskip("yaml")
-    data = yaml.safe_load(COMPOSE.read_text())
+    data = _compose()
     api = data["services"]["api"]
     build = api["build"]
     assert (ROOT / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE.resolve()
@@ -133,3 +156,78 @@ def test_dockerignore_keeps_context_small_but_complete():
     assert "README.md" in copied and "app" in copied
     for src in copied:
         assert src not in ignored, f"{src} is copied into the image but excluded from the context"
+
+
+def test_compose_default_profile_is_the_faiss_api_only():
+    """Plain `docker compose up` starts the FAISS api and nothing else."""
+    services = _compose()["services"]
+    default = {name for name, svc in services.items() if not svc.get("profiles")}
+    assert default == {"api"}
+    env = services["api"]["environment"]
+    assert _default(env.get("EMBEDPOOL_BACKEND", "faiss")) == "faiss"
+    assert "EMBEDPOOL_MILVUS_URI" not in env
+
+
+def test_compose_milvus_profile_standalone_etcd_minio_on_named_volumes():
+    """The `milvus` profile: Milvus standalone with its etcd and MinIO, as Milvus documents it,
+    each with a healthcheck and its data on a named volume."""
+    data = _compose()
+    services, volumes = data["services"], data["volumes"]
+    profile = {name for name, svc in services.items() if "milvus" in svc.get("profiles", [])}
+    assert profile == MILVUS_PROFILE
+    image = {name: services[name]["image"] for name in MILVUS_PROFILE}
+    assert _default(image["milvus-standalone"]).startswith("milvusdb/milvus:v2.6.")
+    assert "etcd" in image["milvus-etcd"] and image["milvus-minio"].startswith("minio/minio:")
+    standalone = services["milvus-standalone"]
+    assert standalone["command"] == ["milvus", "run", "standalone"]
+    env = standalone["environment"]
+    assert env["ETCD_ENDPOINTS"] == "milvus-etcd:2379"
+    assert env["MINIO_ADDRESS"] == "milvus-minio:9000"
+    assert "--data-dir /etcd" in services["milvus-etcd"]["command"]
+    assert "/minio_data" in services["milvus-minio"]["command"]
+    assert standalone["depends_on"] == {"milvus-etcd": {"condition": "service_healthy"},
+                                        "milvus-minio": {"condition": "service_healthy"}}
+    data_dirs = {"milvus-standalone": "/var/lib/milvus", "milvus-etcd": "/etcd",
+                 "milvus-minio": "/minio_data", "api-milvus": "/data"}
+    for name, path in data_dirs.items():
+        svc = services[name]
+        if name == "api-milvus":  # the image's HEALTHCHECK (GET /health)
+            assert not svc.get("healthcheck", {}).get("disable"), name
+        else:
+            test = svc["healthcheck"]["test"]
+            assert test[0] == "CMD" and len(test) > 1, name
+        mounts = dict((dst, src) for src, dst in _mounts(svc))
+        assert path in mounts, f"{name}: no volume on {path}"
+        assert mounts[path] in volumes, f"{name}: {mounts[path]!r} is not a named volume"
+    # every service has its own volume: no two write the same data
+    sources = [src for svc in services.values() for src, _ in _mounts(svc)]
+    assert len(sources) == len(set(sources))
+    # etcd and MinIO stay on the compose network
+    assert not services["milvus-etcd"].get("ports") and not services["milvus-minio"].get("ports")
+
+
+def test_compose_api_milvus_points_at_the_standalone_service():
+    from urllib.parse import urlsplit
+
+    from app.settings import Settings
+
+    services = _compose()["services"]
+    api, api_m = services["api"], services["api-milvus"]
+    env = {k: _default(v) for k, v in api_m["environment"].items()}
+    assert env["EMBEDPOOL_BACKEND"] == "milvus"
+    uri = urlsplit(env["EMBEDPOOL_MILVUS_URI"])
+    assert uri.scheme == "http" and uri.hostname in services
+    assert services[uri.hostname]["image"].startswith("milvusdb/milvus:")
+    assert any(p.rsplit(":", 1)[-1] == str(uri.port) for p in services[uri.hostname]["ports"])
+    assert api_m["depends_on"] == {uri.hostname: {"condition": "service_healthy"}}
+    # the same image and settings as the FAISS api, plus the backend ones
+    assert api_m["image"] == api["image"] and api_m["build"] == api["build"]
+    assert set(api["environment"]) < set(api_m["environment"])
+    # pydantic-settings reads them as the container will
+    s = Settings(**{k.removeprefix("EMBEDPOOL_").lower(): v for k, v in env.items()
+                    if v != "" and k != "EMBEDPOOL_API_KEY"})
+    assert s.backend == "milvus" and s.milvus_uri == env["EMBEDPOOL_MILVUS_URI"]
+    # `--profile milvus up` runs both APIs: they must publish different host ports
+    ports = _host_ports(api) + _host_ports(api_m) + _host_ports(services["milvus-standalone"])
+    assert len(ports) == len(set(ports)), ports
+

@@ -32,7 +32,8 @@ def register(sub) -> None:
     p.add_argument("--companion", default="mean", metavar="SPEC",
                    help="single-vector companion of multi-vector collections for two_stage search "
                         "(default mean; 'none' for none)")
-    p.add_argument("--factory", default="IDMap2,Flat", help="FAISS factory of single-vector collections")
+    p.add_argument("--factory", default="IDMap2,Flat",
+                   help="FAISS factory of single-vector collections (Milvus: the equivalent index)")
     p.add_argument("--storage-precision", choices=["float32", "float16", "int8"], default="float32",
                    help="storage of multi-vector token vectors")
     p.add_argument("--token-factory", default="HNSW32", help="FAISS factory of the token ANN (mode tokens)")
@@ -50,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from app.indexing import CorpusSource, IndexJob, format_summary
 
     settings = from_args(args)
-    if settings.backend != "faiss":
-        raise ValueError("embedpool index writes FAISS collections; --backend milvus is not supported here yet")
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)
     poolers = args.poolers or [settings.pooler]
@@ -61,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                    factory=args.factory, storage_precision=args.storage_precision,
                    token_factory=args.token_factory, dimensions=args.dimensions,
                    normalize=not args.no_normalize, store_text=not args.no_text,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, backend=settings.backend,
+                   milvus_uri=settings.milvus_uri, milvus_token=settings.milvus_token)
     with job:
         total = source.count()
         summary = job.run(source.records(), total=total)

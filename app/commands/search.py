@@ -31,10 +31,12 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from index import Collection
+    from index import open_collection
 
     settings = from_args(args)
-    coll = Collection.open(settings.data_dir, args.collection)
+    where = {"backend": settings.backend, "milvus_uri": settings.milvus_uri,
+             "milvus_token": settings.milvus_token}
+    coll = open_collection(settings.data_dir, args.collection, **where)
     try:
         spec = coll.spec
         if args.model and args.model != spec.model:
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             if not spec.companion:
                 raise ValueError(f"collection {args.collection!r} has no companion collection for two_stage; "
                                  "use --mode exhaustive or tokens")
-            comp = Collection.open(settings.data_dir, spec.companion)
+            comp = open_collection(settings.data_dir, spec.companion, **where)
             specs.append(comp.spec.pooler)
         dims = spec.dim if spec.dim < embedder.dim else None
         res = embedder.embed(args.query, poolers=list(dict.fromkeys(specs)), role="query",

@@ -189,6 +189,26 @@ def test_manifest_travels_and_mismatch_refused(mv, uri, rng):
         open_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
 
 
+
+def test_properties_travel_with_the_collection(mv, uri, rng):
+    """Side state (the indexing job's) is stored with the collection, survives a reopen and
+    cannot overwrite the manifest."""
+    coll = mv()
+    _fill(coll, rng, n=3)
+    assert coll.get_property("embedpool.indexjob") is None
+    coll.set_property("embedpool.indexjob", '{"committed_records": 3}')
+    coll.commit()  # rewrites the manifest property: other properties stay
+    again = open_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
+    try:
+        assert again.get_property("embedpool.indexjob") == '{"committed_records": 3}'
+    finally:
+        again.close()
+    with pytest.raises(InvalidInputError, match="reserved"):
+        coll.set_property(MANIFEST_KEY, "{}")
+    with pytest.raises(InvalidInputError, match="strings"):
+        coll.set_property("embedpool.indexjob", 3)
+    assert coll.manifest["kind"] == "single" and len(coll) == 3
+
 def test_foreign_and_missing_collections(uri, mv):
     from pymilvus import MilvusClient
 
