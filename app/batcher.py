@@ -8,6 +8,11 @@ group's pooler specs. The engine sorts that group's texts by length and cuts the
 token-budget forward batches, so texts of different clients share forward batches, and one
 forward pass per tokenization plan serves every pooler asked for.
 
+Before a round that is not full the worker waits up to ``max_wait_ms`` for more requests, but
+only while fewer are queued than were in flight at once during the previous round (the clients
+that are about to send again): a lone client's request starts at once, and a round of eight
+closed-loop clients starts as soon as the eighth has arrived.
+
 The event loop only enqueues and awaits (:meth:`Batcher.embed`), so it keeps answering while the
 worker encodes. A full queue raises :class:`Overloaded` (HTTP 429). A cancelled request (client
 gone) is skipped if the worker has not reached it yet, and its remaining slices are dropped.
@@ -26,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -107,18 +112,27 @@ class Batcher:
         max_queue: inputs that may wait before :meth:`submit` raises :class:`Overloaded`
             (a request arriving at an empty queue is always admitted).
         max_batch_tokens: estimated tokens the worker takes per round.
-        max_wait_ms: how long the worker waits for more requests before starting a round
-            that is not full.
+        max_wait_ms: the longest the worker waits for more requests before starting a round
+            that is not full. It only waits while fewer requests are queued than were in
+            flight at once during the previous round (so a lone client never waits), and stops
+            as soon as that many are there.
         observer: optional metrics sink (see :class:`BatchObserver`).
+        before_round: optional ``f(tokens)`` called in the worker thread with a round's
+            estimated tokens before it is encoded (the server sets the encoder's thread count
+            with it).
     """
 
-    def __init__(self, embedder: Any, *, max_queue: int = 1024, max_batch_tokens: int = 16384,
-                 max_wait_ms: float = 2.0, observer: BatchObserver | None = None) -> None:
+    def __init__(self, embedder: Any, *, max_queue: int = 1024, max_batch_tokens: int = 2048,
+                 max_wait_ms: float = 2.0, observer: BatchObserver | None = None,
+                 before_round: Callable[[int], Any] | None = None) -> None:
         self.embedder = embedder
         self.max_queue = int(max_queue)
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
         self.observer = observer
+        self.before_round = before_round
+        self._in_round = 0  # unfinished requests in the round being encoded (worker writes it)
+        self._peak = 0  # most requests in flight (queued or encoding) since the round began
         self._pending: deque[Job] = deque()
         self._queued_inputs = 0
         self._queued_tokens = 0
@@ -182,6 +196,7 @@ class Batcher:
             self._pending.append(job)
             self._queued_inputs += len(texts)
             self._queued_tokens += sum(job.est_tokens)
+            self._peak = max(self._peak, len(self._pending) + self._in_round)
             self._notify_queue()
             self._cond.notify()
         return job
@@ -229,14 +244,17 @@ class Batcher:
                     self._cond.wait()
                 if self._stopping:
                     return
-                if self.max_wait and self._queued_tokens < self.max_batch_tokens:
+                clients = self._peak  # in flight at once during the previous round
+                if self.max_wait and self._wants_more(clients):
                     deadline = time.monotonic() + self.max_wait
-                    while self._queued_tokens < self.max_batch_tokens and not self._stopping:
+                    while self._wants_more(clients) and not self._stopping:
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
                         self._cond.wait(left)
                 slices = self._take()
+                self._in_round = len({id(s.job) for s in slices})
+                self._peak = len(self._pending) + self._in_round
             if slices:
                 try:
                     self._process(slices)
@@ -244,6 +262,14 @@ class Batcher:
                     log.exception("batcher round failed")
                     for s in slices:
                         self._fail(s.job, exc)
+                with self._cond:
+                    self._in_round = 0
+
+    def _wants_more(self, clients: int) -> bool:
+        """Worth waiting: room in the round, and fewer requests queued than were in flight
+        during the previous round (their clients are likely sending the next ones). Caller
+        holds the lock."""
+        return self._queued_tokens < self.max_batch_tokens and len(self._pending) < clients
 
     def _take(self) -> list[_Slice]:
         """The oldest requests (large ones sliced) up to the token budget; caller holds the lock."""
@@ -267,6 +293,8 @@ class Batcher:
         return out
 
     def _process(self, slices: list[_Slice]) -> None:
+        if self.before_round is not None:
+            self.before_round(sum(sum(s.job.est_tokens[s.start:s.end]) for s in slices))
         t0 = time.perf_counter()
         groups: dict[tuple, list[_Slice]] = {}
         for s in slices:
@@ -323,6 +351,7 @@ class Batcher:
         job.tokens += int(sum(counts))
         job.done += n
         if job.done == len(job.texts):
+            self._in_round = max(0, self._in_round - 1)  # before its client can send again
             try:
                 job.future.set_result(EmbedOutput(job.vectors, job.multi_vector, job.tokens))
             except concurrent.futures.InvalidStateError:  # cancelled meanwhile

@@ -17,7 +17,8 @@ class Settings(BaseSettings):
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     pooler: str = Field("auto", description="default pooler spec; auto = the model's own pooling")
-    max_batch_tokens: int = Field(16384, ge=64, description="token budget of one forward batch")
+    max_batch_tokens: int = Field(2048, ge=64, description="token budget of one forward batch and of one batcher "
+                                  "round (small batches stay in cache: faster on small CPUs than 16384)")
     # storage
     data_dir: str = "./data"
     backend: Literal["faiss", "milvus"] = "faiss"
@@ -31,7 +32,10 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(100_000, ge=1, description="longest single input, in characters")
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
     max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
-    max_wait_ms: float = Field(2.0, ge=0, description="how long the batcher waits to fill a batch")
+    max_wait_ms: float = Field(2.0, ge=0, description="longest wait of the batcher to fill a round (only while the "
+                               "previous round's clients are still to come; a lone client never waits)")
+    single_thread_tokens: int = Field(1024, ge=0, description="batcher rounds under this many tokens run the "
+                                      "encoder on one thread (faster for small batches); 0 = always all threads")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 

@@ -2,7 +2,8 @@
 
 One text per request (OpenAI-compatible ``/v1/embeddings`` on both servers), at concurrency 1, 8
 and 32, for short sentences (STS-B test) and documents (SciFact title + abstract). The in-process
-numbers embed all texts of a set in one call (the engine's token-budget batches): the ceiling.
+numbers embed all texts of a set in one call (the engine's token-budget batches): the ceiling;
+"1 text per call" embeds them one at a time in-process, what concurrency 1 can reach at best.
 The load generator is a small keep-alive HTTP/1.1 client on asyncio (cheap on CPU: it shares the
 machine with the server, for every server alike).
 
@@ -266,7 +267,9 @@ def infinity_version(venv: Path) -> str | None:
 # ---------------------------------------------------------------------- in-process
 class InProcess:
     """The pipeline (and, in fp32, sentence-transformers) in this process, all texts of a set
-    in one call (the engine's own token-budget batches): the throughput ceiling."""
+    in one call (the engine's own token-budget batches): the throughput ceiling. Also the
+    pipeline with one text per call (``pipeline_1``, on the first ``single`` texts): what a
+    server at concurrency 1 can reach at best, as it cannot batch."""
 
     def __init__(self, precision: str, max_batch_tokens: int | None = None) -> None:
         from app.settings import Settings, load_embedder
@@ -282,12 +285,17 @@ class InProcess:
             self.st = SentenceTransformer(default_model_path(), device="cpu")
             self.st.encode(["warm up"] * 8)
 
-    def run(self, texts: list[str]) -> dict:
+    def run(self, texts: list[str], single: int = 0) -> dict:
         import torch
 
         t0 = time.perf_counter()
         self.embedder.embed(texts)
         out = {"pipeline": round(len(texts) / (time.perf_counter() - t0), 2)}
+        if single:
+            t0 = time.perf_counter()
+            for t in texts[:single]:
+                self.embedder.embed([t])
+            out["pipeline_1"] = round(single / (time.perf_counter() - t0), 2)
         if self.st is not None:
             t0 = time.perf_counter()
             with torch.inference_mode():
@@ -356,8 +364,9 @@ async def load_run(port: int, texts: list[str], clients: int, seconds: float) ->
 # ---------------------------------------------------------------------- main
 def table(results: dict) -> str:
     rows = ["| precision | set | conc. | embedpool req/s | p50 ms | p99 ms | Infinity req/s | p50 ms | p99 ms "
-            "| in-process pipeline texts/s | ST texts/s | embedpool / in-process | Infinity / in-process | embedpool / Infinity |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| in-process pipeline texts/s | 1 text per call | ST texts/s | embedpool / in-process | Infinity / in-process "
+            "| embedpool / Infinity |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for prec, per in results["runs"].items():
         for cell in per["cells"]:
             ep, inf = cell["embedpool"], cell.get("infinity") or {}
@@ -369,7 +378,7 @@ def table(results: dict) -> str:
             rows.append(
                 f"| {prec} | {cell['set']} | {cell['concurrency']} | {f(ep, 'throughput')} | {f(ep, 'p50_ms')} "
                 f"| {f(ep, 'p99_ms')} | {f(inf, 'throughput')} | {f(inf, 'p50_ms')} | {f(inf, 'p99_ms')} "
-                f"| {ip['pipeline']:g} | {ip.get('sentence_transformers', '')} | {r_ep:.2f}x "
+                f"| {ip['pipeline']:g} | {ip.get('pipeline_1', '')} | {ip.get('sentence_transformers', '')} | {r_ep:.2f}x "
                 f"| {'' if r_inf is None else f'{r_inf:.2f}x'} "
                 f"| {'' if r_vs is None else f'{r_vs:.2f}x'} |")
     load = results.get("load")
@@ -391,6 +400,11 @@ def best(a: dict | None, b: dict) -> dict:
     return b if b[key] > a[key] else a
 
 
+def best_each(a: dict | None, b: dict) -> dict:
+    """Per key, the higher of two in-process repetitions."""
+    return dict(b) if a is None else {k: max(v, a.get(k, v)) for k, v in b.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precision", nargs="+", default=["fp32"], help="encoder precisions to bench (EMBEDPOOL_PRECISION values)")
@@ -399,6 +413,8 @@ def main() -> int:
     ap.add_argument("--scifact", type=int, default=100, help="SciFact documents (requests per cell)")
     ap.add_argument("--max-batch-tokens", type=int, default=None,
                     help="token budget of a forward batch, in-process and server alike (default: the setting's)")
+    ap.add_argument("--single", type=int, default=40,
+                    help="texts embedded one per call in-process (the concurrency-1 ceiling); 0 = skip")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per cell; the best counts")
     ap.add_argument("--infinity-venv", type=Path, default=Path("/work/infinity-venv"))
     ap.add_argument("--no-infinity", action="store_true")
@@ -447,7 +463,8 @@ def main() -> int:
                 asyncio.run(run_cell("127.0.0.1", srv.port, "/v1/embeddings", texts[:16], 4, models[name]))
             for rep in range(args.reps):
                 for p, eng in engines.items():
-                    inproc[(p, set_name)] = best(inproc.get((p, set_name)), eng.run(texts))
+                    inproc[(p, set_name)] = best_each(inproc.get((p, set_name)),
+                                                      eng.run(texts, single=min(len(texts), args.single)))
                     print(f"  in-process {p} {set_name} rep {rep}: {inproc[(p, set_name)]}", flush=True)
                 for c in args.concurrency:
                     for name in order:

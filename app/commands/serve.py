@@ -23,7 +23,10 @@ def register(sub) -> None:
     p.add_argument("--max-input-chars", type=int, help="longest input in characters (413 above)")
     p.add_argument("--max-payload-bytes", type=int, help="largest request body (413 above)")
     p.add_argument("--max-queue", type=int, help="inputs waiting before 429")
-    p.add_argument("--max-wait-ms", type=float, help="how long the batcher waits to fill a batch")
+    p.add_argument("--max-wait-ms", type=float,
+                   help="longest wait to fill a batch (only for clients of the previous round)")
+    p.add_argument("--single-thread-tokens", type=int,
+                   help="batcher rounds under this many tokens encode on one thread (0: always all threads)")
     p.add_argument("--allow-pooler-paths", action="store_true", default=None,
                    help="let requests load pooler weights from paths (attention:weights=PATH)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])

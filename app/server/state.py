@@ -74,7 +74,8 @@ class Engine:
         s = self.settings
         self._default_pooler = self.embedder.canonical(s.pooler)
         self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
-                               max_wait_ms=s.max_wait_ms, observer=self.metrics).start()
+                               max_wait_ms=s.max_wait_ms, observer=self.metrics,
+                               before_round=thread_policy(s.single_thread_tokens)).start()
         self.metrics.model_loaded.set(1)
 
     def stop(self) -> None:
@@ -161,6 +162,30 @@ class Engine:
             return result.result()
         self.batcher.cancel(job)
         raise ClientClosed("the client closed the connection; its work was dropped")
+
+
+def thread_policy(single_thread_tokens: int):
+    """``f(tokens)`` for the batcher's worker: rounds under ``single_thread_tokens`` (estimated)
+    run torch on one thread, larger ones on all of them. A one-sentence forward is a chain of
+    tiny matrix products that a second thread barely speeds up, while every one of them waits
+    for that thread; on a busy machine it is often descheduled, and the forward gets slower.
+    ``None`` (no policy) when the setting is 0 or torch has one thread anyway."""
+    if single_thread_tokens <= 0:
+        return None
+    import torch
+
+    full = torch.get_num_threads()
+    if full <= 1:
+        return None
+    current = [full]
+
+    def before_round(tokens: int) -> None:
+        n = 1 if tokens < single_thread_tokens else full
+        if n != current[0]:  # per thread in OpenMP: this runs in the worker that encodes
+            torch.set_num_threads(n)
+            current[0] = n
+
+    return before_round
 
 
 async def _disconnected(request: Request) -> None:

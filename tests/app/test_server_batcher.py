@@ -168,3 +168,80 @@ def test_stop_fails_waiting_requests():
     b.stop()
     with pytest.raises(Exception, match="shutting down"):
         waiting.future.result(1)
+
+
+def test_a_lone_client_does_not_wait_for_a_round_to_fill():
+    emb = FakeEmbedder()
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=2000).start()
+    try:
+        t0 = time.monotonic()
+        for i in range(3):  # one client, one request at a time
+            b.submit([f"alone {i}"], ["mean"]).future.result(10)
+        elapsed = time.monotonic() - t0
+    finally:
+        b.stop()
+    assert elapsed < 1.5  # waiting max_wait_ms even once would take 2 s
+    assert [c[0] for c in emb.calls] == [["alone 0"], ["alone 1"], ["alone 2"]]
+
+
+def test_a_round_waits_for_the_clients_of_the_previous_round_and_no_longer():
+    gate = threading.Event()
+    emb = FakeEmbedder(gate=gate)
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=2000).start()
+    try:
+        async def client(k: int) -> None:
+            await b.embed([f"first {k}"], ["mean"])
+            await asyncio.sleep(0.02 * k)  # the clients come back one after another
+            await b.embed([f"second {k}"], ["mean"])
+
+        async def run() -> float:
+            tasks = [asyncio.ensure_future(client(k)) for k in range(4)]
+            await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            gate.set()
+            await asyncio.gather(*tasks)
+            return time.monotonic() - t0
+
+        elapsed = asyncio.run(run())
+    finally:
+        gate.set()
+        b.stop()
+    rounds = [sorted(c[0]) for c in emb.calls]
+    assert rounds[-1] == [f"second {k}" for k in range(4)]  # one round for the four that came back
+    assert elapsed < 1.5  # it started when the fourth arrived, not after max_wait_ms
+
+
+def test_before_round_gets_the_round_tokens_in_the_worker_thread():
+    seen = []
+    b = Batcher(FakeEmbedder(), max_queue=100, max_batch_tokens=10_000, max_wait_ms=0,
+                before_round=lambda tokens: seen.append((tokens, threading.current_thread().name))).start()
+    try:
+        b.submit(["x" * 40, "y"], ["mean"]).future.result(10)
+    finally:
+        b.stop()
+    assert seen == [(40 // 4 + 2 + 1 // 4 + 2, "embedpool-batcher")]
+
+
+def test_thread_policy_runs_small_rounds_on_one_thread():
+    torch = pytest.importorskip("torch")
+    from app.server.state import thread_policy
+
+    full = torch.get_num_threads()
+    assert thread_policy(0) is None
+    if full < 2:
+        assert thread_policy(1024) is None
+        return
+    policy = thread_policy(1024)
+    seen = []
+
+    def worker() -> None:  # OpenMP thread counts are per thread: set in the encoding thread
+        policy(20)
+        seen.append(torch.get_num_threads())
+        policy(4096)
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    torch.set_num_threads(full)
+    assert seen == [1, full]
