@@ -125,7 +125,7 @@ class FrozenEncoder:
         self,
         model: str | None = None,
         precision: str = "fp32",
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int = 2048,
         device: str = "cpu",
     ) -> None:
         if precision not in PRECISIONS:

@@ -383,6 +383,9 @@ class OnnxEncoderForward:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = int(threads or torch.get_num_threads())
         so.inter_op_num_threads = 1
+        # Idle pool threads sleep instead of spinning between runs (measured in the server: 1.2-1.45x
+        # faster on a busy 2-core machine, where spinning threads steal the cores doing the work).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
