@@ -7,10 +7,17 @@ minutes on a CPU. Objectives:
 - ``infonce``: (query, relevant document) pairs, contrastive with in-batch negatives;
 - ``cosent``: STS pairs with a gold similarity, CoSENT ranking loss on cosine similarity;
 - ICT (inverse cloze) is ``infonce`` on pairs built from unlabeled documents: one sentence as
-  the query, the rest of its document as the positive (see :func:`ict_pairs`).
+  the query, the rest of its document as the positive (see :func:`ict_spans`); the positive's
+  token states are the document's cached states without the sentence's tokens
+  (:func:`ict_positive_states`), so the corpus is encoded once.
 
-Early stopping watches the loss on a dev split carved from the training data (never the test
-split); a fixed seed gives the same weights.
+Early stopping watches a dev split: carved from the training data (by query for retrieval
+pairs, so a dev query never has a positive in train), or a separate dev split when one is given
+(never the test split). It selects on the task's own metric by default (``select="metric"``:
+nDCG@10 of the dev queries against every document of the data for ``infonce``, Spearman of cosine
+for ``cosent``) because a falling CoSENT/InfoNCE loss can hide a falling metric (the loss also
+drops when the head merely spreads the cosines). The step-0 head (= mean pooling) is scored too
+and kept when no later checkpoint beats it. A fixed seed gives the same weights.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from poolers.attention import AttentionHead
+from poolers.attention import AttentionHead, RoleHeads
 from poolers.encoder import FrozenEncoder
 
 log = logging.getLogger(__name__)
@@ -86,29 +93,83 @@ class PairData:
     scores: list[float] | None = None
 
 
-def split_dev(n: int, dev_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    idx = list(range(n))
-    random.Random(seed).shuffle(idx)
-    n_dev = max(1, int(round(n * dev_fraction))) if n > 1 else 0
-    return sorted(idx[n_dev:]), sorted(idx[:n_dev])
+def split_dev(n: int, dev_fraction: float, seed: int,
+              groups: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """Shuffle ``range(n)`` with ``seed`` into (train, dev) index lists, ``dev_fraction`` of them
+    in dev. With ``groups`` (e.g. each pair's query index) whole groups go to one side."""
+    if groups is None:
+        groups = list(range(n))
+    keys = sorted(set(groups))
+    random.Random(seed).shuffle(keys)
+    n_dev = max(1, int(round(len(keys) * dev_fraction))) if len(keys) > 1 else 0
+    dev_keys = set(keys[:n_dev])
+    return ([i for i in range(n) if groups[i] not in dev_keys],
+            [i for i in range(n) if groups[i] in dev_keys])
 
 
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
 
-def ict_pairs(docs: Sequence[str], seed: int, min_words: int = 5) -> list[tuple[str, str]]:
+@dataclass
+class IctSpan:
+    """One inverse-cloze pair: ``sentence`` of ``docs[doc]`` (characters ``start:end``) is the
+    query, ``rest`` (the document without it) the positive."""
+
+    doc: int
+    sentence: str
+    rest: str
+    start: int
+    end: int
+
+
+def ict_spans(docs: Sequence[str], seed: int, min_words: int = 5) -> list[IctSpan]:
     """Inverse cloze task: for each document with at least two sentences, one random sentence
     is the query and the rest of the document (that sentence removed) its positive."""
     rng = random.Random(seed)
     out = []
-    for doc in docs:
-        sents = [s for s in _SENT.split(doc.strip()) if s]
+    for n, doc in enumerate(docs):
+        text = doc.strip()
+        lead = len(doc) - len(doc.lstrip())
+        sents = [s for s in _SENT.split(text) if s]
         if len(sents) < 2:
             continue
         i = rng.randrange(len(sents))
         if len(sents[i].split()) < min_words:
             continue
-        out.append((sents[i], " ".join(sents[:i] + sents[i + 1:])))
+        pos = 0
+        for sent in sents[:i]:
+            pos = text.index(sent, pos) + len(sent)
+        start = lead + text.index(sents[i], pos)
+        out.append(IctSpan(n, sents[i], " ".join(sents[:i] + sents[i + 1:]), start, start + len(sents[i])))
+    return out
+
+
+def ict_pairs(docs: Sequence[str], seed: int, min_words: int = 5) -> list[tuple[str, str]]:
+    """``(sentence, rest of its document)`` text pairs of :func:`ict_spans`."""
+    return [(s.sentence, s.rest) for s in ict_spans(docs, seed, min_words)]
+
+
+def ict_positive_states(encoder: FrozenEncoder, docs: Sequence[str], doc_states: Sequence[Tensor],
+                        spans: Sequence[IctSpan]) -> list[Tensor]:
+    """ICT positives from the documents' own token states: each span's document states without
+    the tokens of its query sentence.
+
+    This reuses one encoder pass over the corpus (the same cache retrieval evaluation reads)
+    instead of encoding every "rest of the document" text again; the price is that the kept
+    tokens were contextualised with the removed sentence still in the window.
+    """
+    if encoder.prompt_for("document"):
+        raise ValueError("ICT from cached document states does not support a document prompt")
+    out = []
+    for span in spans:
+        enc = encoder.tokenizer(docs[span.doc], add_special_tokens=True, truncation=True,
+                                max_length=encoder.max_length, return_offsets_mapping=True, verbose=False)
+        offsets = enc["offset_mapping"]
+        states = doc_states[span.doc]
+        if len(offsets) != states.shape[0]:
+            raise ValueError(f"document {span.doc}: {len(offsets)} tokens but {states.shape[0]} cached states")
+        keep = torch.tensor([not (b > a and a < span.end and b > span.start) for a, b in offsets])
+        out.append(states[keep].clone())
     return out
 
 
@@ -133,45 +194,81 @@ def cosent(a: Tensor, b: Tensor, gold: Tensor, scale: float = 20.0) -> Tensor:
 # ---------------------------------------------------------------- training loop
 @dataclass
 class TrainConfig:
+    """Args:
+        objective: ``infonce`` (query/document pairs, also ICT) or ``cosent`` (STS pairs).
+        heads: attention heads per output vector (see :class:`AttentionHead`).
+        roles: ``shared`` (one head) or ``separate`` (a query head and a document head; infonce only).
+        select: early-stop and keep the best checkpoint by the dev ``metric`` or the dev ``loss``.
+        eval_every: also score the dev split every this many optimizer steps (0: once per epoch).
+        patience: stop after this many dev evaluations without a new best.
+        cosent_scale: the CoSENT scale (inverse temperature) on cosine similarities.
+    """
+
     objective: str = "infonce"  # infonce | cosent
     queries: int = 1
+    heads: int = 1
     value_projection: bool = True
+    roles: str = "shared"
     epochs: int = 20
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.0
     temperature: float = 0.05
+    cosent_scale: float = 20.0
     patience: int = 3
     seed: int = 0
     dev_fraction: float = 0.1
+    select: str = "metric"  # metric | loss
+    eval_every: int = 0
 
 
 @dataclass
 class TrainReport:
+    """``best_*`` describe the kept checkpoint (``best_step`` 0 = the untrained head, i.e. mean)."""
+
     best_epoch: int
     best_dev_loss: float
     step0_dev_loss: float
+    metric: str = ""
+    best_dev_metric: float = float("nan")
+    step0_dev_metric: float = float("nan")
+    best_step: int = 0
     history: list[dict] = field(default_factory=list)
 
 
-def _pool(head: AttentionHead, states: Sequence[Tensor]) -> Tensor:
+Head = AttentionHead | RoleHeads
+
+
+def _pool(head: Head, states: Sequence[Tensor], role: str = "document") -> Tensor:
     hidden, mask = pad(states)
-    out = head(hidden, mask)  # [B, Q, D]
+    out = head(hidden, mask, role=role)  # [B, Q, D]
     return out.flatten(1) if out.shape[1] > 1 else out[:, 0]
 
 
-def _batch_loss(head: AttentionHead, data: PairData, batch: Sequence[int], cfg: TrainConfig) -> Tensor:
+def _pool_all(head: Head, states: Sequence[Tensor], role: str, chunk: int = 128) -> Tensor:
+    """Pool many texts in length-sorted chunks (little padding); rows in input order."""
+    order = sorted(range(len(states)), key=lambda i: states[i].shape[0])
+    out = [None] * len(states)
+    for s in range(0, len(order), chunk):
+        ids = order[s:s + chunk]
+        for i, v in zip(ids, _pool(head, [states[i] for i in ids], role)):
+            out[i] = v
+    return torch.stack(out)  # type: ignore[arg-type]
+
+
+def _batch_loss(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConfig) -> Tensor:
     pairs = [data.pairs[i] for i in batch]
-    q = _pool(head, [data.queries[a] for a, _ in pairs])
-    d = _pool(head, [data.docs[b] for _, b in pairs])
+    q_role = "document" if cfg.objective == "cosent" else "query"  # STS pairs are symmetric
+    q = _pool(head, [data.queries[a] for a, _ in pairs], q_role)
+    d = _pool(head, [data.docs[b] for _, b in pairs], "document")
     if cfg.objective == "cosent":
         assert data.scores is not None
-        return cosent(q, d, torch.tensor([data.scores[i] for i in batch]))
+        return cosent(q, d, torch.tensor([data.scores[i] for i in batch]), cfg.cosent_scale)
     doc_ids = torch.tensor([b for _, b in pairs])
     return infonce(q, d, cfg.temperature, doc_ids[:, None] == doc_ids[None, :])
 
 
-def _eval_loss(head: AttentionHead, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> float:
+def _eval_loss(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> float:
     head.eval()
     with torch.no_grad():
         losses = [(_batch_loss(head, data, idx[s:s + cfg.batch_size], cfg).item(), len(idx[s:s + cfg.batch_size]))
@@ -181,9 +278,50 @@ def _eval_loss(head: AttentionHead, data: PairData, idx: Sequence[int], cfg: Tra
     return sum(l * n for l, n in losses) / max(1, sum(n for _, n in losses))
 
 
+def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> tuple[str, float]:
+    """The task metric on dev pairs ``idx`` (higher is better).
+
+    ``cosent``: Spearman correlation of the pairs' cosine with the gold scores. ``infonce``:
+    nDCG@10 of each dev query ranking every document in ``data`` (train documents are
+    distractors too); a document is relevant when any pair of ``data`` links it to the query.
+    """
+    from scipy.stats import spearmanr
+
+    head.eval()
+    with torch.no_grad():
+        if cfg.objective == "cosent":
+            assert data.scores is not None
+            q = F.normalize(_pool_all(head, [data.queries[data.pairs[i][0]] for i in idx], "document"), dim=-1)
+            d = F.normalize(_pool_all(head, [data.docs[data.pairs[i][1]] for i in idx], "document"), dim=-1)
+            value = float(spearmanr((q * d).sum(-1).numpy(), [data.scores[i] for i in idx]).statistic)
+            head.train()
+            return "spearman", value
+        queries = sorted({data.pairs[i][0] for i in idx})
+        relevant: dict[int, set[int]] = {}
+        for a, b in data.pairs:
+            relevant.setdefault(a, set()).add(b)
+        q = F.normalize(_pool_all(head, [data.queries[a] for a in queries], "query"), dim=-1)
+        d = F.normalize(_pool_all(head, data.docs, "document"), dim=-1)
+        top = (q @ d.T).topk(min(10, d.shape[0]), dim=1).indices
+    head.train()
+    discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))
+    total = 0.0
+    for row, a in zip(top.tolist(), queries):
+        rel = relevant[a]
+        dcg = sum(discount[r].item() for r, doc in enumerate(row) if doc in rel)
+        idcg = discount[: min(len(rel), 10)].sum().item()
+        total += dcg / idcg
+    return "ndcg@10", total / max(1, len(queries))
+
+
 def train_head(data: PairData, dim: int, cfg: TrainConfig,
-               progress: Callable[[dict], None] | None = None) -> tuple[AttentionHead, TrainReport]:
-    """Train an :class:`AttentionHead` on cached states; return the best head on the dev split.
+               progress: Callable[[dict], None] | None = None,
+               dev: PairData | None = None) -> tuple[Head, TrainReport]:
+    """Train an attention head on cached states; return the best head on the dev split.
+
+    ``dev``: a separate dev split (e.g. STS-B ``dev.tsv``); without it a ``dev_fraction`` of
+    ``data`` is carved off (by query for ``infonce``). Returns an :class:`AttentionHead`, or
+    :class:`RoleHeads` for ``roles="separate"``.
 
     Runs on one thread: the head's tensors are small, and OpenMP's thread barriers made a
     step 7x slower on two threads of a busy 2-core machine (measured).
@@ -191,52 +329,95 @@ def train_head(data: PairData, dim: int, cfg: TrainConfig,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(data, dim, cfg, progress)
+        return _train(data, dim, cfg, progress, dev)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(data: PairData, dim: int, cfg: TrainConfig,
-           progress: Callable[[dict], None] | None) -> tuple[AttentionHead, TrainReport]:
+def _train(data: PairData, dim: int, cfg: TrainConfig, progress: Callable[[dict], None] | None,
+           dev: PairData | None) -> tuple[Head, TrainReport]:
+    if cfg.select not in ("metric", "loss"):
+        raise ValueError(f"select must be metric or loss, got {cfg.select!r}")
+    if cfg.roles not in ("shared", "separate"):
+        raise ValueError(f"roles must be shared or separate, got {cfg.roles!r}")
+    if cfg.roles == "separate" and cfg.objective == "cosent":
+        raise ValueError("separate query/document heads need query/document pairs; STS pairs are symmetric")
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    head = AttentionHead(dim, cfg.queries, cfg.value_projection)
+    head: Head = (RoleHeads if cfg.roles == "separate" else AttentionHead)(dim, cfg.queries, cfg.value_projection,
+                                                                          cfg.heads)
     if cfg.queries > 1:  # break the symmetry between queries (all-zero scores would be identical)
         with torch.no_grad():
-            head.score.weight.normal_(0, 0.01)
-    train_idx, dev_idx = split_dev(len(data.pairs), cfg.dev_fraction, cfg.seed)
+            for m in head.modules():
+                if isinstance(m, AttentionHead):
+                    m.score.weight.normal_(0, 0.01)
+    if dev is None:
+        groups = [a for a, _ in data.pairs] if cfg.objective == "infonce" else None
+        train_idx, dev_idx = split_dev(len(data.pairs), cfg.dev_fraction, cfg.seed, groups)
+        dev_data = data
+    else:
+        train_idx, dev_idx, dev_data = list(range(len(data.pairs))), list(range(len(dev.pairs))), dev
+    # the dev loss is computed in batches: shuffle once so that a split sorted by score (or
+    # genre) does not give CoSENT batches with a single gold value
+    random.Random(cfg.seed).shuffle(dev_idx)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    best = _eval_loss(head, data, dev_idx, cfg)
-    report = TrainReport(best_epoch=0, best_dev_loss=best, step0_dev_loss=best)
+
+    def evaluate(epoch: int, step: int, train_loss: float | None) -> tuple[dict, float]:
+        name, value = dev_metric(head, dev_data, dev_idx, cfg)
+        report.metric = name
+        return {"epoch": epoch, "step": step, "train_loss": train_loss,
+                "dev_loss": _eval_loss(head, dev_data, dev_idx, cfg), f"dev_{name}": value}, value
+
+    report = TrainReport(best_epoch=0, best_dev_loss=float("nan"), step0_dev_loss=float("nan"))
+    first, metric0 = evaluate(0, 0, None)
+    report.best_dev_loss = report.step0_dev_loss = first["dev_loss"]
+    report.best_dev_metric = report.step0_dev_metric = metric0
+    report.history.append(first)
     best_state = {k: v.clone() for k, v in head.state_dict().items()}
-    bad = 0
+    bad, step = 0, 0
+
+    def record(row: dict, metric: float) -> bool:
+        """Keep the checkpoint if it beats every earlier one (step 0 included); True when
+        patience has run out."""
+        nonlocal best_state, bad
+        if cfg.select == "metric":
+            improved = metric > report.best_dev_metric + 1e-5
+        else:
+            improved = row["dev_loss"] < report.best_dev_loss - 1e-4
+        report.history.append(row)
+        if progress:
+            progress(row)
+        if improved:
+            report.best_epoch, report.best_step = row["epoch"], row["step"]
+            report.best_dev_loss, report.best_dev_metric = row["dev_loss"], metric
+            best_state = {k: v.clone() for k, v in head.state_dict().items()}
+            bad = 0
+            return False
+        bad += 1
+        return bad >= cfg.patience
+
+    stop = False
     for epoch in range(1, cfg.epochs + 1):
         order = train_idx[:]
         rng.shuffle(order)
         total, n = 0.0, 0
-        for s in range(0, len(order), cfg.batch_size):
-            batch = order[s:s + cfg.batch_size]
-            if len(batch) < 2:
-                continue
+        batches = [order[s:s + cfg.batch_size] for s in range(0, len(order), cfg.batch_size)]
+        batches = [b for b in batches if len(b) >= 2]
+        for i, batch in enumerate(batches):
             loss = _batch_loss(head, data, batch, cfg)
             opt.zero_grad()
             loss.backward()
             opt.step()
+            step += 1
             total += loss.item() * len(batch)
             n += len(batch)
-        dev = _eval_loss(head, data, dev_idx, cfg)
-        row = {"epoch": epoch, "train_loss": total / max(n, 1), "dev_loss": dev}
-        report.history.append(row)
-        if progress:
-            progress(row)
-        if dev < best - 1e-4:
-            best, bad = dev, 0
-            report.best_epoch, report.best_dev_loss = epoch, dev
-            best_state = {k: v.clone() for k, v in head.state_dict().items()}
-        else:
-            bad += 1
-            if bad >= cfg.patience:
-                break
+            last = i == len(batches) - 1
+            if last or (cfg.eval_every and step % cfg.eval_every == 0):
+                stop = record(*evaluate(epoch, step, total / max(n, 1)))
+                if stop:
+                    break
+        if stop:
+            break
     head.load_state_dict(best_state)
     return head.eval(), report
 

@@ -214,6 +214,9 @@ def test_unknown_pooler_names_choices(embedder):
         embedder.embed(["x"], ["cluster:2"])
     with pytest.raises(ValueError, match="pool_factor must be >= 1"):
         embedder.embed(["x"], ["cluster:pool_factor=0.5"])
+    with pytest.raises(ValueError, match="queries must be between 1 and 64, got 100000"):
+        embedder.embed(["x"], ["attention:queries=100000"])
+    assert len(embedder.embed(["x"], ["attention:queries=64"]).vectors["attention:queries=64"][0]) == 64
 
 
 def test_type_errors(embedder):

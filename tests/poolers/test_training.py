@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from poolers import build_pooler
-from poolers.attention import AttentionHead
-from poolers.training import PairData, TrainConfig, cache_token_states, ict_pairs, pad, train_head
+from poolers.attention import AttentionHead, RoleHeads
+from poolers.states import TokenStates
+from poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
+                              ict_positive_states, ict_spans, pad,
+                              split_dev, train_head)
 
 
 def _synthetic(n_pairs: int = 96, dim: int = 32, noise_tokens: int = 12, seed: int = 0) -> PairData:
@@ -40,7 +44,7 @@ def test_training_reduces_loss_and_changes_the_embedding(tmp_path):
     cfg = TrainConfig(epochs=15, batch_size=16, lr=5e-2, patience=15, seed=1)
     head, report = train_head(data, 32, cfg)
     assert report.best_dev_loss < 0.5 * report.step0_dev_loss, report
-    assert report.history[-1]["train_loss"] < report.history[0]["train_loss"]
+    assert report.history[-1]["train_loss"] < report.history[1]["train_loss"]  # [0] is step 0
     hidden, mask = pad(data.docs[:4])
     mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
     with torch.no_grad():
@@ -68,12 +72,179 @@ def test_cosent_objective_learns_gold_order():
     assert report.best_dev_loss < report.step0_dev_loss
 
 
+def _mean(states):
+    hidden, mask = pad(states)
+    return hidden, mask, (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+
+
+def test_step0_head_is_kept_when_training_only_hurts_dev():
+    """Dev gold scores are mean pooling's own cosines, so step 0 (= mean) has dev Spearman 1 and
+    every trained checkpoint is worse: the untrained head must come back."""
+    train = _synthetic(64, seed=0)
+    n = len(train.pairs)
+    train.pairs += [(i, (i + 1) % n) for i in range(n)]
+    train.scores = [5.0] * n + [0.0] * n
+    dev = _synthetic(48, seed=1)
+    dev.pairs = [(i, (i * 7 + k) % 48) for i in range(48) for k in (0, 1)]
+    _, _, mq = _mean(dev.queries)
+    _, _, md = _mean(dev.docs)
+    dev.scores = [torch.cosine_similarity(mq[a], md[b], dim=0).item() for a, b in dev.pairs]
+    cfg = TrainConfig(objective="cosent", epochs=4, batch_size=32, lr=5e-2, patience=20, seed=0, eval_every=2)
+    head, report = train_head(train, 32, cfg, dev=dev)
+    assert report.metric == "spearman" and report.step0_dev_metric == pytest.approx(1.0)
+    later = [r["dev_spearman"] for r in report.history[1:]]
+    assert len(later) > 3 and max(later) < 1.0 - 1e-4
+    assert report.best_step == 0 and report.best_dev_metric == report.step0_dev_metric
+    hidden, mask, mean = _mean(dev.docs[:4])
+    with torch.no_grad():
+        torch.testing.assert_close(head(hidden, mask)[:, 0], mean, atol=1e-6, rtol=0)
+
+
+def test_metric_selection_tracks_dev_metric_and_improves_it():
+    data = _synthetic()
+    cfg = TrainConfig(epochs=6, batch_size=16, lr=5e-2, patience=10, seed=1, eval_every=3)
+    _, report = train_head(data, 32, cfg)
+    assert report.metric == "ndcg@10"
+    assert report.best_dev_metric > report.step0_dev_metric
+    assert report.best_dev_metric == max(r["dev_ndcg@10"] for r in report.history)
+    steps = [r["step"] for r in report.history]
+    assert steps[0] == 0 and steps == sorted(steps) and len(steps) > cfg.epochs + 1  # eval_every adds rows
+
+
+def test_dev_metric_ndcg_on_known_rankings():
+    data = _synthetic(20)
+    head = AttentionHead(32).eval()
+    cfg = TrainConfig()
+    # documents identical to their queries: each query's own document ranks first
+    same = PairData(data.queries, data.queries, [(i, i) for i in range(20)])
+    assert dev_metric(head, same, range(20), cfg) == ("ndcg@10", pytest.approx(1.0))
+    # a query whose only relevant document is not in its top 10 scores 0
+    far = PairData([torch.ones(3, 32).half()], [torch.ones(2, 32).half()] * 10 + [-torch.ones(2, 32).half()],
+                   [(0, 10)])
+    assert dev_metric(head, far, [0], cfg)[1] == 0.0
+
+
+def test_carved_dev_keeps_a_query_on_one_side():
+    groups = [i // 3 for i in range(30)]  # ten queries with three positives each
+    train, dev = split_dev(30, 0.2, seed=0, groups=groups)
+    assert sorted(train + dev) == list(range(30)) and len(dev) == 6
+    assert not {groups[i] for i in train} & {groups[i] for i in dev}
+
+
+def _role_synthetic(n_pairs: int = 96, dim: int = 32, seed: int = 0) -> PairData:
+    """The signal token is marked in dim -1 in queries but dim -2 in documents, and the noise
+    tokens carry the other marker: a head that must serve both sides has conflicting targets."""
+    g = torch.Generator().manual_seed(seed)
+    queries, docs = [], []
+    for _ in range(n_pairs):
+        signal = torch.randn(dim, generator=g)
+        q, d = torch.randn(10, dim, generator=g), torch.randn(14, dim, generator=g)
+        qs, ds = signal.clone(), signal.clone()
+        qs[-2:] = torch.tensor([0.0, 3.0])
+        ds[-2:] = torch.tensor([3.0, 0.0])
+        q[:, -2:] = torch.tensor([3.0, 0.0])
+        d[:, -2:] = torch.tensor([0.0, 3.0])
+        queries.append(torch.cat([q, qs[None]]).half())
+        docs.append(torch.cat([ds[None], d]).half())
+    return PairData(queries, docs, [(i, i) for i in range(n_pairs)])
+
+
+def test_separate_role_heads_train_save_load_and_serve_by_role(tmp_path):
+    data = _role_synthetic()
+    kw = dict(epochs=12, batch_size=16, lr=5e-2, patience=12, seed=0, value_projection=False)
+    sep, rep_sep = train_head(data, 32, TrainConfig(roles="separate", **kw))
+    shared, rep_shared = train_head(data, 32, TrainConfig(roles="shared", **kw))
+    assert isinstance(sep, RoleHeads) and isinstance(shared, AttentionHead)
+    # separate heads learn opposite token preferences; one shared head cannot
+    assert rep_sep.best_dev_metric > rep_shared.best_dev_metric
+    assert rep_sep.best_dev_metric > rep_sep.step0_dev_metric
+    assert not torch.allclose(sep.query.score.weight, sep.document.score.weight)
+    sep.save(tmp_path / "h", encoder="synthetic")
+    loaded, cfg = AttentionHead.load(tmp_path / "h")
+    assert cfg["roles"] == "separate" and isinstance(loaded, RoleHeads)
+    pooler = build_pooler(f"attention:weights={tmp_path / 'h'}", model_id="synthetic")
+    assert pooler.roles == "separate" and not pooler.multi_vector
+    hidden, mask = pad(data.queries[:5])
+    states = TokenStates(hidden, mask, torch.zeros_like(mask), torch.arange(5), 5)
+    with torch.no_grad():
+        as_query = pooler.pool_role(states, "query")
+        as_doc = pooler.pool_role(states, "document")
+        torch.testing.assert_close(as_query, sep.query(hidden, mask)[:, 0], atol=0, rtol=0)
+        torch.testing.assert_close(as_doc, sep.document(hidden, mask)[:, 0], atol=0, rtol=0)
+        torch.testing.assert_close(pooler.pool(states), as_doc, atol=0, rtol=0)
+    assert not torch.allclose(as_query, as_doc, atol=1e-3)
+    with pytest.raises(ValueError, match="role must be one of"):
+        pooler.pool_role(states, "passage")
+    # a shared head file pools both roles the same way
+    shared.save(tmp_path / "s", encoder="synthetic")
+    sp = build_pooler(f"attention:weights={tmp_path / 's'}", model_id="synthetic")
+    assert sp.roles == "shared"
+    torch.testing.assert_close(sp.pool_role(states, "query"), sp.pool_role(states, "document"), atol=0, rtol=0)
+
+
+def test_multi_head_step0_is_mean_trains_and_round_trips(tmp_path):
+    data = _synthetic()
+    hidden, mask, mean = _mean(data.docs[:6])
+    with torch.no_grad():
+        torch.testing.assert_close(AttentionHead(32, heads=4)(hidden, mask)[:, 0], mean, atol=1e-6, rtol=0)
+    cfg = TrainConfig(heads=4, epochs=8, batch_size=16, lr=5e-2, patience=8, seed=1)
+    head, report = train_head(data, 32, cfg)
+    assert head.heads == 4 and head.score.out_features == 4
+    assert report.best_dev_metric > report.step0_dev_metric
+    with torch.no_grad():
+        out = head(hidden, mask)
+        # the four heads weight the tokens differently: not one shared weighting of all dimensions
+        w = torch.softmax(head.score(hidden).masked_fill(~mask.bool()[..., None], float("-inf")), dim=1)
+        assert not torch.allclose(w[..., 0], w[..., 1], atol=1e-3)
+    head.save(tmp_path / "mh", encoder="synthetic")
+    loaded, cfg_json = AttentionHead.load(tmp_path / "mh")
+    assert cfg_json["heads"] == 4 and loaded.heads == 4
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(hidden, mask), out, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="divide the state size"):
+        AttentionHead(32, heads=5)
+
+
+def test_separate_roles_refused_for_symmetric_sts_pairs():
+    data = _synthetic(8)
+    data.scores = [1.0] * 8
+    with pytest.raises(ValueError, match="symmetric"):
+        train_head(data, 32, TrainConfig(objective="cosent", roles="separate", epochs=1))
+
+
 def test_ict_pairs_split_sentences():
     docs = ["First sentence is here. Second sentence follows it now. Third one closes the doc.", "One only."]
     pairs = ict_pairs(docs, seed=0, min_words=3)
     assert len(pairs) == 1
     q, rest = pairs[0]
     assert q in docs[0] and q not in rest and len(rest.split(". ")) == 2
+
+
+def test_ict_spans_locate_the_query_sentence():
+    docs = ["  Title words here. First real sentence of the text! Another sentence follows it here? End.",
+            "No split here", "Short. Tiny."]
+    spans = ict_spans(docs, seed=3, min_words=2)
+    assert [sp.doc for sp in spans] == [0]
+    sp = spans[0]
+    assert docs[0][sp.start:sp.end] == sp.sentence and sp.sentence not in sp.rest
+    assert ict_pairs(docs, seed=3, min_words=2) == [(sp.sentence, sp.rest)]
+
+
+def test_ict_positives_drop_the_sentence_tokens(tmp_path, encoder):
+    docs = ["Aspirin lowers the risk of stroke. It inhibits platelet aggregation strongly in most adults. "
+            "Side effects include bleeding."]
+    spans = [sp for seed in range(20) for sp in ict_spans(docs, seed, min_words=3)
+             if sp.sentence.startswith("It inhibits")][:1]
+    assert spans, "no seed picked the middle sentence"
+    states = cache_token_states(encoder, docs, "document", tmp_path)
+    (pos,) = ict_positive_states(encoder, docs, states, spans)
+    n_sentence = len(encoder.tokenizer(spans[0].sentence, add_special_tokens=False)["input_ids"])
+    assert pos.shape[0] == states[0].shape[0] - n_sentence
+    ids = encoder.tokenizer(docs[0])["input_ids"]
+    first = len(encoder.tokenizer("Aspirin lowers the risk of stroke.")["input_ids"]) - 1  # [CLS] + sentence 1
+    torch.testing.assert_close(pos[:first], states[0][:first], atol=0, rtol=0)
+    torch.testing.assert_close(pos[first:], states[0][first + n_sentence:], atol=0, rtol=0)
+    assert len(ids) == states[0].shape[0]
 
 
 def test_cached_states_reload_and_trained_head_serves(tmp_path, encoder, embedder):
