@@ -91,7 +91,8 @@ def test_window_keeps_every_token_of_a_long_input(encoder, embedder, st_model):
         ref = torch.nn.functional.normalize(ref.float(), dim=-1).numpy()
         np.testing.assert_allclose(win[start:start + len(row.ids)], ref, atol=1e-4)
         start += len(row.ids)
-    np.testing.assert_array_equal(r.vectors["tokens:window=true"][1], r.vectors["tokens"][1])
+    # a short input: the same vectors (up to batch padding effects, as in test_batch_invariance)
+    np.testing.assert_allclose(r.vectors["tokens:window=true"][1], r.vectors["tokens"][1], atol=1e-5)
     assert len(r.vectors["cluster:window=true"][0]) == 1 + (len(win) - 1) // 2
 
 
