@@ -34,8 +34,9 @@ class Settings(BaseSettings):
     max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
     max_wait_ms: float = Field(2.0, ge=0, description="longest wait of the batcher to fill a round (only while the "
                                "previous round's clients are still to come; a lone client never waits)")
-    single_thread_tokens: int = Field(1024, ge=0, description="batcher rounds under this many tokens run the "
-                                      "encoder on one thread (faster for small batches); 0 = always all threads")
+    single_thread_tokens: int = Field(32, ge=0, description="batcher rounds under this many tokens (a sentence or "
+                                      "two) run the encoder on one thread, which is as fast on a quiet machine and "
+                                      "faster on a busy one; 0 = always all threads")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
