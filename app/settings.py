@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
+    def store(self) -> dict[str, Any]:
+        """Where collections live: the ``backend``/``milvus_uri``/``milvus_token`` keyword
+        arguments of :func:`index.open_collection` (and of the indexing job)."""
+        return {"backend": self.backend, "milvus_uri": self.milvus_uri, "milvus_token": self.milvus_token}
+
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

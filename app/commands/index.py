@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
                    factory=args.factory, storage_precision=args.storage_precision,
                    token_factory=args.token_factory, dimensions=args.dimensions,
                    normalize=not args.no_normalize, store_text=not args.no_text,
-                   progress=not args.no_progress, backend=settings.backend,
-                   milvus_uri=settings.milvus_uri, milvus_token=settings.milvus_token)
+                   progress=not args.no_progress, **settings.store())
     with job:
         total = source.count()
         summary = job.run(source.records(), total=total)

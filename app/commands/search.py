@@ -34,9 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from index import open_collection
 
     settings = from_args(args)
-    where = {"backend": settings.backend, "milvus_uri": settings.milvus_uri,
-             "milvus_token": settings.milvus_token}
-    coll = open_collection(settings.data_dir, args.collection, **where)
+    coll = open_collection(settings.data_dir, args.collection, **settings.store())
     try:
         spec = coll.spec
         if args.model and args.model != spec.model:
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             if not spec.companion:
                 raise ValueError(f"collection {args.collection!r} has no companion collection for two_stage; "
                                  "use --mode exhaustive or tokens")
-            comp = open_collection(settings.data_dir, spec.companion, **where)
+            comp = open_collection(settings.data_dir, spec.companion, **settings.store())
             specs.append(comp.spec.pooler)
         dims = spec.dim if spec.dim < embedder.dim else None
         res = embedder.embed(args.query, poolers=list(dict.fromkeys(specs)), role="query",

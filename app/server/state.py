@@ -208,8 +208,7 @@ class Collections:
     def __init__(self, settings: Settings) -> None:
         self.data_dir = Path(settings.data_dir)
         self.backend = settings.backend
-        self._where = {"backend": settings.backend, "milvus_uri": settings.milvus_uri,
-                       "milvus_token": settings.milvus_token}
+        self._where = settings.store()
         self._open: dict[str, tuple[Any, int]] = {}
         self._lock = threading.RLock()
 
