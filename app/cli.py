@@ -28,9 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"app.commands.{name}")
+            module = importlib.import_module(f"embedpool.app.commands.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"app.commands.{name}":
+            if exc.name == f"embedpool.app.commands.{name}":
                 continue  # not built yet
             raise
         module.register(sub)

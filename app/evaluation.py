@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from app.indexing import IndexJob, Record, _PoolTimer, embed_by_plan, render_table
+from embedpool.app.indexing import IndexJob, Record, _PoolTimer, embed_by_plan, render_table
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100")
 STAT_TESTS = ("student", "fisher")
@@ -473,7 +473,7 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
                  seed: int = 0) -> dict[str, Any]:
     from scipy.stats import pearsonr, spearmanr
 
-    from index import maxsim_scores
+    from embedpool.index import maxsim_scores
 
     sentences = list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
     pos = {s: i for i, s in enumerate(sentences)}

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from index import CollectionNotFoundError, CollectionSpec, open_collection
+from embedpool.index import CollectionNotFoundError, CollectionSpec, open_collection
 
 JOB_FILE = "indexjob.json"
 JOB_PROPERTY = "embedpool.indexjob"  # the job state of a Milvus collection

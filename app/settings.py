@@ -69,7 +69,7 @@ def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def load_embedder(settings: Settings):
     """The engine for these settings (imported lazily: torch is slow to import)."""
-    from poolers import Embedder, FrozenEncoder
+    from embedpool.poolers import Embedder, FrozenEncoder
 
     encoder = FrozenEncoder(settings.model, precision=settings.precision,
                             max_batch_tokens=settings.max_batch_tokens)

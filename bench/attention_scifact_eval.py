@@ -25,12 +25,11 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from app.evaluation import load_beir, score_runs  # noqa: E402
-from poolers import FrozenEncoder  # noqa: E402
-from poolers.attention import AttentionHead, load_head  # noqa: E402
-from poolers.training import _pool_all, cache_token_states  # noqa: E402
+from embedpool.app.evaluation import load_beir, score_runs  # noqa: E402
+from embedpool.poolers import FrozenEncoder  # noqa: E402
+from embedpool.poolers.attention import AttentionHead, load_head  # noqa: E402
+from embedpool.poolers.training import _pool_all, cache_token_states  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 CACHE = ROOT / "bench" / "results" / "cache"

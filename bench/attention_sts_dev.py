@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from app.commands.train_attention import sts_pairs  # noqa: E402
-from poolers import FrozenEncoder  # noqa: E402
-from poolers.attention import AttentionHead  # noqa: E402
-from poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric,  # noqa: E402
+from embedpool.app.commands.train_attention import sts_pairs  # noqa: E402
+from embedpool.poolers import FrozenEncoder  # noqa: E402
+from embedpool.poolers.attention import AttentionHead  # noqa: E402
+from embedpool.poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric,  # noqa: E402
                               split_dev, train_head)
 
 DATA = ROOT.parent / "shared" / "data" / "stsb"

@@ -39,8 +39,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -106,7 +104,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> dict:
 
 def time_cluster(encoder, texts: list[str]) -> dict:
     """Cluster pooling time on the token states of one fp32 pass (no forward in the timing)."""
-    from poolers.base import build_pooler
+    from embedpool.poolers.base import build_pooler
 
     pooler = build_pooler("cluster:pool_factor=2", default="mean", model_id=encoder.model_id)
     states = [s for _, s in encoder.encode(texts)]
@@ -137,8 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sentence_transformers import SentenceTransformer
 
-    from poolers import Embedder, FrozenEncoder
-    from poolers.encoder import default_model_path
+    from embedpool.poolers import Embedder, FrozenEncoder
+    from embedpool.poolers.encoder import default_model_path
 
     docs = load_docs(args.data, args.docs)
     sentences = load_sentences(args.data, args.sentences)

@@ -60,7 +60,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     for suite in args.suites or list(SUITES):
         name = f"eval_{suite}" + ("_quick" if args.quick else "")
-        cmd = [sys.executable, "-m", "app.cli", "eval", *SUITES[suite],
+        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", *SUITES[suite],
                "--out", str(RESULTS / f"{name}.json"), "--markdown", str(RESULTS / f"{name}.md"),
                "--plot", str(RESULTS / f"{name}.png"), "--index-dir", f"{args.work}/{name}"]
         if args.quick:

@@ -48,9 +48,6 @@ import time
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-# this file is named index.py: keep its own folder off sys.path so `import index` is the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
 
 
 def _threads_from_argv(default: int = 1) -> int:
@@ -70,7 +67,7 @@ if THREADS > 0:
 
 import numpy as np  # noqa: E402
 
-from index import Collection, CollectionSpec, delete_collection, open_collection  # noqa: E402
+from embedpool.index import Collection, CollectionSpec, delete_collection, open_collection  # noqa: E402
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"
@@ -194,7 +191,6 @@ def bench_maxsim(root: Path, n_docs: int, dim: int, n_q: int, candidates: list[i
 
 # ---- SciFact (real MiniLM embeddings) ------------------------------------------------------
 def _scifact(docs: int | None, encode_threads: int):
-    sys.path.insert(0, str(_HERE))
     import scifact_data
 
     sf = scifact_data.load_scifact(docs)

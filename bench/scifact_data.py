@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +128,7 @@ class EmbeddingCache:
         if self._embedder is None:
             import torch
 
-            from poolers import Embedder, FrozenEncoder
+            from embedpool.poolers import Embedder, FrozenEncoder
 
             if self.threads > 0:
                 torch.set_num_threads(self.threads)
@@ -185,7 +184,6 @@ def scifact_docs(data: SciFact, cache: EmbeddingCache,
 if __name__ == "__main__":
     import argparse
 
-    sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser(description="fill the SciFact embedding cache")
     ap.add_argument("--docs", type=int, default=None)
     ap.add_argument("--encode-threads", type=int, default=2)

@@ -44,7 +44,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("EMBEDPOOL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OUT = ROOT / "bench" / "results" / "serve.json"
 
@@ -242,7 +241,7 @@ def start_embedpool(precision: str, logdir: Path, max_batch_tokens: int | None =
            "EMBEDPOOL_LOG_LEVEL": "warning"}
     if max_batch_tokens:
         env["EMBEDPOOL_MAX_BATCH_TOKENS"] = str(max_batch_tokens)
-    return Proc(f"embedpool-{precision}", [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+    return Proc(f"embedpool-{precision}", [sys.executable, "-m", "embedpool.app.cli", "serve", "--port", str(port)],
                 env, port, "/health", logdir / f"embedpool-{precision}.log")
 
 
@@ -272,8 +271,8 @@ class InProcess:
     server at concurrency 1 can reach at best, as it cannot batch."""
 
     def __init__(self, precision: str, max_batch_tokens: int | None = None) -> None:
-        from app.settings import Settings, load_embedder
-        from poolers.encoder import default_model_path
+        from embedpool.app.settings import Settings, load_embedder
+        from embedpool.poolers.encoder import default_model_path
 
         overrides = {"max_batch_tokens": max_batch_tokens} if max_batch_tokens else {}
         self.embedder = load_embedder(Settings(precision=precision, **overrides))
@@ -426,7 +425,7 @@ def main() -> int:
     if args.quick:
         args.sts, args.scifact, args.reps, args.load_seconds = 64, 24, 1, 10
 
-    from poolers.encoder import default_model_path
+    from embedpool.poolers.encoder import default_model_path
 
     sets = {"sts-b sentences": load_sts(args.sts), "scifact documents": load_scifact(args.scifact)}
     logdir = ROOT / "bench" / "results" / "cache" / "serve"
@@ -505,7 +504,7 @@ def main() -> int:
 
 
 def _default_budget() -> int:
-    from app.settings import Settings
+    from embedpool.app.settings import Settings
 
     return Settings().max_batch_tokens
 

@@ -3,7 +3,7 @@
 Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``poolers`` or
 ``app``); pymilvus only when the Milvus backend is used.
 
-    from index import CollectionSpec, open_collection
+    from embedpool.index import CollectionSpec, open_collection
     coll = open_collection("data", "scifact-mean", CollectionSpec(kind="single", dim=384),
                            backend="faiss")  # or backend="milvus", milvus_uri="./milvus.db"
     coll.add(ids, vectors, texts); coll.commit()

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from poolers.base import Pooler, masked_mean, register
-from poolers.states import TokenStates
+from embedpool.poolers.base import Pooler, masked_mean, register
+from embedpool.poolers.states import TokenStates
 
 WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "head.json"

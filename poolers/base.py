@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from poolers.encoder import STANDARD, Plan
-from poolers.states import TokenStates
+from embedpool.poolers.encoder import STANDARD, Plan
+from embedpool.poolers.states import TokenStates
 
 REGISTRY: dict[str, type["Pooler"]] = {}
 
@@ -106,7 +106,7 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
         PoolerSpecError: unknown pooler or option, or a value of the wrong type; the message
             names the valid choices.
     """
-    import poolers  # noqa: F401  (registers every pooler module)
+    from embedpool import poolers  # noqa: F401  (registers every pooler module)
 
     name, raw = parse_spec(spec)
     if name == "auto":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from poolers.base import Pooler, register
-from poolers.states import TokenStates
+from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.states import TokenStates
 
 
 @register

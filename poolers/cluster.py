@@ -14,9 +14,9 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 from torch import Tensor
 
-from poolers.base import register
-from poolers.states import TokenStates
-from poolers.tokens import TokenVectorPooler, normalized_tokens
+from embedpool.poolers.base import register
+from embedpool.poolers.states import TokenStates
+from embedpool.poolers.tokens import TokenVectorPooler, normalized_tokens
 
 
 def cluster_tokens(tokens: Tensor, pool_factor: float, protected: int = 1) -> Tensor:

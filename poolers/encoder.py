@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from poolers.states import TokenStates
+from embedpool.poolers.states import TokenStates
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class FrozenEncoder:
         self.stats = EncoderStats()
         self._forward_fn = self.model
         if precision == "int8":
-            from poolers.fastpath import load_fastpath
+            from embedpool.poolers.fastpath import load_fastpath
 
             self._forward_fn = load_fastpath(self.model, "int8", tokenizer=self.tokenizer)
 

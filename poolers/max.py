@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from poolers.base import Pooler, register
-from poolers.states import TokenStates
+from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.states import TokenStates
 
 
 @register

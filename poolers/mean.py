@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from poolers.base import Pooler, masked_mean, register, rows_to_texts
-from poolers.states import TokenStates
+from embedpool.poolers.base import Pooler, masked_mean, register, rows_to_texts
+from embedpool.poolers.states import TokenStates
 
 
 @register

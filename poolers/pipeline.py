@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from poolers.base import Pooler, build_pooler
-from poolers.encoder import FrozenEncoder, Plan
+from embedpool.poolers.base import Pooler, build_pooler
+from embedpool.poolers.encoder import FrozenEncoder, Plan
 
 ROLES = ("query", "document")
 

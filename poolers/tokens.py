@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from poolers.base import Pooler, register
-from poolers.encoder import STANDARD, WINDOWED, Plan
-from poolers.states import TokenStates
+from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.encoder import STANDARD, WINDOWED, Plan
+from embedpool.poolers.states import TokenStates
 
 
 def normalized_tokens(states: TokenStates) -> list[Tensor]:

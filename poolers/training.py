@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from poolers.attention import AttentionHead, RoleHeads
-from poolers.encoder import FrozenEncoder
+from embedpool.poolers.attention import AttentionHead, RoleHeads
+from embedpool.poolers.encoder import FrozenEncoder
 
 log = logging.getLogger(__name__)
 

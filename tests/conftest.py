@@ -23,14 +23,14 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def encoder():
-    from poolers import FrozenEncoder
+    from embedpool.poolers import FrozenEncoder
 
     return FrozenEncoder()
 
 
 @pytest.fixture(scope="session")
 def embedder(encoder):
-    from poolers import Embedder
+    from embedpool.poolers import Embedder
 
     return Embedder(encoder)
 
@@ -40,7 +40,7 @@ def st_model():
     """sentence-transformers' own model on the same weights: the reference."""
     from sentence_transformers import SentenceTransformer
 
-    from poolers.encoder import default_model_path
+    from embedpool.poolers.encoder import default_model_path
 
     return SentenceTransformer(default_model_path(), device="cpu")
 

@@ -82,7 +82,7 @@ def test_dockerfile_cpu_torch_nonroot_model_healthcheck_volume():
 
 def test_image_settings_exist():
     """Every EMBEDPOOL_* name in the Dockerfile and compose file is a real setting."""
-    from app.settings import Settings
+    from embedpool.app.settings import Settings
 
     names = set(re.findall(r"EMBEDPOOL_([A-Z_]+)", DOCKERFILE.read_text() + COMPOSE.read_text()))
     fields = {f.upper() for f in Settings.model_fields}
@@ -96,9 +96,9 @@ def test_healthcheck_route_is_public_and_answers_503_until_loaded(tmp_path, monk
     """The HEALTHCHECK's /health needs no API key and says 503 until the model is loaded."""
     from starlette.testclient import TestClient
 
-    from app.server import create_app
-    from app.server.state import Engine
-    from app.settings import Settings
+    from embedpool.app.server import create_app
+    from embedpool.app.server.state import Engine
+    from embedpool.app.settings import Settings
 
     monkeypatch.setattr(Engine, "start", lambda self: None)  # stay "loading"
     app = create_app(Settings(data_dir=str(tmp_path), api_key="k"))
@@ -209,7 +209,7 @@ def test_compose_milvus_profile_standalone_etcd_minio_on_named_volumes():
 def test_compose_api_milvus_points_at_the_standalone_service():
     from urllib.parse import urlsplit
 
-    from app.settings import Settings
+    from embedpool.app.settings import Settings
 
     services = _compose()["services"]
     api, api_m = services["api"], services["api-milvus"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.settings import add_engine_args, from_args, load_embedder
+from embedpool.app.settings import add_engine_args, from_args, load_embedder
 
 
 def register(sub) -> None:

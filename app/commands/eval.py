@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.settings import add_engine_args, from_args, load_embedder
+from embedpool.app.settings import add_engine_args, from_args, load_embedder
 
 
 def register(sub) -> None:
@@ -58,7 +58,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app import evaluation as ev
+    from embedpool.app import evaluation as ev
 
     modes = [m.strip() for ms in (args.modes or ["exhaustive"]) for m in ms.split(",") if m.strip()]
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.settings import add_engine_args, add_storage_args, from_args, load_embedder
+from embedpool.app.settings import add_engine_args, add_storage_args, from_args, load_embedder
 
 
 def register(sub) -> None:
@@ -48,7 +48,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.indexing import CorpusSource, IndexJob, format_summary
+    from embedpool.app.indexing import CorpusSource, IndexJob, format_summary
 
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)

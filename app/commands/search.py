@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.settings import add_engine_args, add_storage_args, from_args, load_embedder
+from embedpool.app.settings import add_engine_args, add_storage_args, from_args, load_embedder
 
 
 def register(sub) -> None:
@@ -31,14 +31,14 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from index import open_collection
+    from embedpool.index import open_collection
 
     settings = from_args(args)
     coll = open_collection(settings.data_dir, args.collection, **settings.store())
     try:
         spec = coll.spec
         if args.model and args.model != spec.model:
-            from poolers.encoder import resolve_model
+            from embedpool.poolers.encoder import resolve_model
 
             if resolve_model(args.model)[0] != spec.model:
                 raise ValueError(f"collection {args.collection!r} was made with model {spec.model!r}, "

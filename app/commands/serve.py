@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from app.settings import Settings, add_engine_args, add_storage_args, from_args
+from embedpool.app.settings import Settings, add_engine_args, add_storage_args, from_args
 
 
 def register(sub) -> None:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
-    from app.server import create_app
+    from embedpool.app.server import create_app
 
     settings: Settings = from_args(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

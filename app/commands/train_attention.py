@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from app.settings import add_engine_args, from_args, load_embedder
+from embedpool.app.settings import add_engine_args, from_args, load_embedder
 
 
 def register(sub) -> None:
@@ -83,7 +83,7 @@ def sts_pairs(folder: Path, split: str) -> tuple[list[tuple[str, str]], list[flo
 
 
 def run(args: argparse.Namespace) -> int:
-    from poolers.training import (PairData, TrainConfig, cache_token_states, ict_positive_states, ict_spans,
+    from embedpool.poolers.training import (PairData, TrainConfig, cache_token_states, ict_positive_states, ict_spans,
                                   train_head)
 
     scores = None

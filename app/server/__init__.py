@@ -7,6 +7,6 @@ import os
 # machine fight the event loop and make each forward pass many times slower.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from app.server.app import create_app  # noqa: E402
+from embedpool.app.server.app import create_app  # noqa: E402
 
 __all__ = ["create_app"]

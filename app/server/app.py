@@ -8,13 +8,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.server import errors
-from app.server.auth import AuthMiddleware
-from app.server.limits import BodyLimitMiddleware
-from app.server.metrics import Metrics, MetricsMiddleware
-from app.server.routers import collections, embed, health, openai
-from app.server.state import Collections, Engine
-from app.settings import Settings
+from embedpool.app.server import errors
+from embedpool.app.server.auth import AuthMiddleware
+from embedpool.app.server.limits import BodyLimitMiddleware
+from embedpool.app.server.metrics import Metrics, MetricsMiddleware
+from embedpool.app.server.routers import collections, embed, health, openai
+from embedpool.app.server.state import Collections, Engine
+from embedpool.app.settings import Settings
 
 log = logging.getLogger("embedpool.server")
 

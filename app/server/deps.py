@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from app.server.state import Collections, Engine
-from app.settings import Settings
+from embedpool.app.server.state import Collections, Engine
+from embedpool.app.settings import Settings
 
 
 async def get_settings(request: Request) -> Settings:

@@ -30,8 +30,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import index
-from app.batcher import Overloaded, Stopped
+from embedpool import index
+from embedpool.app.batcher import Overloaded, Stopped
 
 log = logging.getLogger("embedpool.server")
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.server.errors import PayloadTooLarge, render
-from app.settings import Settings
+from embedpool.app.server.errors import PayloadTooLarge, render
+from embedpool.app.settings import Settings
 
 
 class BodyLimitMiddleware:

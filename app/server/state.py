@@ -13,11 +13,11 @@ from typing import Any
 
 from fastapi import Request
 
-import index
-from app.batcher import Batcher, EmbedOutput
-from app.server.errors import ClientClosed, Invalid, NotReady
-from app.server.metrics import Metrics
-from app.settings import Settings
+from embedpool import index
+from embedpool.app.batcher import Batcher, EmbedOutput
+from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
+from embedpool.app.server.metrics import Metrics
+from embedpool.app.settings import Settings
 
 log = logging.getLogger("embedpool.server")
 
@@ -55,7 +55,7 @@ class Engine:
         self._thread.start()
 
     def _load(self) -> None:
-        from app.settings import load_embedder
+        from embedpool.app.settings import load_embedder
 
         t0 = time.perf_counter()
         try:
@@ -100,7 +100,7 @@ class Engine:
         """Validate ``spec`` (``None``: the server's default) -> (canonical spec, multi_vector).
 
         ``trusted``: the spec comes from a collection's manifest, not from the request."""
-        from poolers import parse_spec
+        from embedpool.poolers import parse_spec
 
         embedder = self.require()
         spec = spec or self.settings.pooler
@@ -114,7 +114,7 @@ class Engine:
         return p.spec, bool(p.multi_vector)
 
     def _check_options(self, name: str, opts: dict[str, str]) -> None:
-        from poolers import parse_spec
+        from embedpool.poolers import parse_spec
 
         if "weights" in opts and not self.settings.allow_pooler_paths:
             allowed = parse_spec(self.settings.pooler)[1].get("weights")
@@ -282,7 +282,7 @@ class Collections:
     def manifest(self, name: str) -> dict[str, Any]:
         """The committed manifest, without opening a FAISS collection (loading its vectors)."""
         if self.backend == "faiss":
-            from index.spec import read_manifest
+            from embedpool.index.spec import read_manifest
 
             return read_manifest(self.data_dir / name)
         return self.get(name).manifest

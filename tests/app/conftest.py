@@ -48,7 +48,7 @@ class Server:
                          "PYTHONUNBUFFERED": "1", **env})
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "embedpool.app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def tail(self, n: int = 60) -> str:

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "embedpool.app.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.indexing import JOB_FILE, CorpusSource, IndexJob, IndexJobError, Record, collection_name
-from index import Collection
+from embedpool.app.indexing import JOB_FILE, CorpusSource, IndexJob, IndexJobError, Record, collection_name
+from embedpool.index import Collection
 
 ROOT = Path(__file__).resolve().parents[2]
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
@@ -120,8 +120,8 @@ def _reference(embedder, corpus_path: Path, out: Path, commit_every=8, batch_doc
 
 # ------------------------------------------------------------------ resumability
 def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp_path, monkeypatch, capsys):
-    from app import cli
-    from app.commands import index as index_cmd
+    from embedpool.app import cli
+    from embedpool.app.commands import index as index_cmd
 
     n = 64
     corpus = tmp_path / "corpus.jsonl"
@@ -132,7 +132,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
             "--no-progress"]
     # the interrupted run: a real child process, killed with SIGKILL right after a commit
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "embedpool.app.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 240
     try:
@@ -259,8 +259,8 @@ def test_one_forward_pass_per_plan_for_all_poolers(embedder, data_dir, tmp_path)
 
 # ------------------------------------------------------------------ the CLI
 def test_index_and_search_cli(embedder, data_dir, tmp_path, monkeypatch, capsys):
-    from app import cli
-    from app.commands import index as index_cmd, search as search_cmd
+    from embedpool.app import cli
+    from embedpool.app.commands import index as index_cmd, search as search_cmd
 
     monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
     monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)

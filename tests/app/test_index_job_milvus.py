@@ -10,14 +10,14 @@ import pytest
 
 pytest.importorskip("milvus_lite")
 
-from app.indexing import JOB_PROPERTY, CorpusSource, IndexJob  # noqa: E402
-from index import MilvusCollection, delete_collection, list_collections, open_collection  # noqa: E402
+from embedpool.app.indexing import JOB_PROPERTY, CorpusSource, IndexJob  # noqa: E402
+from embedpool.index import MilvusCollection, delete_collection, list_collections, open_collection  # noqa: E402
 from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path: pytest's rootdir-less import)
 
 
 def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatch, capsys):
-    from app import cli
-    from app.commands import index as index_cmd, search as search_cmd
+    from embedpool.app import cli
+    from embedpool.app.commands import index as index_cmd, search as search_cmd
 
     monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
     monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)

@@ -297,7 +297,7 @@ def test_health_stays_fast_under_load(server):
 
 def test_sees_commits_of_another_process(server, client):
     """`embedpool index` (another process) writing while the server runs: the server sees it."""
-    from index import Collection
+    from embedpool.index import Collection
 
     assert client.post("/collections", json={"name": "shared"}).status_code == 201
     assert client.post("/collections/shared/documents", json=DOCS[:2]).status_code == 200

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from app.batcher import Batcher, Overloaded
+from embedpool.app.batcher import Batcher, Overloaded
 
 
 class FakeResult:
@@ -224,7 +224,7 @@ def test_before_round_gets_the_round_tokens_in_the_worker_thread():
 
 def test_thread_policy_runs_small_rounds_on_one_thread():
     torch = pytest.importorskip("torch")
-    from app.server.state import thread_policy
+    from embedpool.app.server.state import thread_policy
 
     full = torch.get_num_threads()
     assert thread_policy(0) is None

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from index import Collection, CollectionSpec
+from embedpool.index import Collection, CollectionSpec
 from index_testutil import rand_unit
 
 B = 30

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from index import Collection, CollectionSpec
+from embedpool.index import Collection, CollectionSpec
 from index_testutil import rand_docs, rand_unit
 
 DIM = 16

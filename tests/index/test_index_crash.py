@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index import Collection, dequantize, quantize
+from embedpool.index import Collection, dequantize, quantize
 from index_crash_workload import NAME, committed_batches, expected
 from index_testutil import managed_files
 

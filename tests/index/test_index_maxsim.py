@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from index.maxsim import dequantize, gather_docs, maxsim_scores, quantize
+from embedpool.index.maxsim import dequantize, gather_docs, maxsim_scores, quantize
 from index_testutil import naive_maxsim, rand_docs, rand_unit, unit
 
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
-from index import (  # noqa: E402
+from embedpool.index import (  # noqa: E402
     BackendError,
     Collection,
     CollectionNotFoundError,
@@ -32,7 +32,7 @@ from index import (  # noqa: E402
     list_collections,
     open_collection,
 )
-from index.milvus import MANIFEST_KEY, _Clients, embedpool_name, milvus_index, milvus_name  # noqa: E402
+from embedpool.index.milvus import MANIFEST_KEY, _Clients, embedpool_name, milvus_index, milvus_name  # noqa: E402
 from index_testutil import rand_docs, rand_unit  # noqa: E402
 
 DIM = 16
@@ -370,7 +370,7 @@ def test_factory_defaults_to_faiss(tmp_path):
 
 def test_full_scans_page_through_everything(mv, rng, monkeypatch):
     """ids() and exhaustive search read Milvus page by page (pk order); odd ids survive quoting."""
-    import index.milvus as im
+    import embedpool.index.milvus as im
 
     ids = [f"k{i}" for i in range(120)] + ['we"ird\\id', "tab\there"]
     single = mv("s")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from index import (
+from embedpool.index import (
     Collection,
     CollectionSpec,
     InvalidInputError,

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from index import (
+from embedpool.index import (
     Collection,
     CollectionError,
     CollectionLockedError,

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from poolers import Embedder, FrozenEncoder, Plan, PoolerSpecError, build_pooler
-from poolers.attention import AttentionHead
-from poolers.encoder import WINDOWED, default_model_path, pooling_mode_from_config
+from embedpool.poolers import Embedder, FrozenEncoder, Plan, PoolerSpecError, build_pooler
+from embedpool.poolers.attention import AttentionHead
+from embedpool.poolers.encoder import WINDOWED, default_model_path, pooling_mode_from_config
 
 
 # ---------------------------------------------------------------- landmark plan
@@ -301,7 +301,7 @@ def test_unknown_model_is_a_clear_error(tmp_path):
 
 # ---------------------------------------------------------------- CLI
 def _cli(*args, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "embedpool.app.cli", *args], input=stdin,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -47,7 +47,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def int8_encoder(cache_dir):
-    from poolers import FrozenEncoder
+    from embedpool.poolers import FrozenEncoder
 
     old = os.environ.get("EMBEDPOOL_CACHE_DIR")
     os.environ["EMBEDPOOL_CACHE_DIR"] = str(cache_dir)
@@ -61,7 +61,7 @@ def int8_encoder(cache_dir):
 
 
 def test_int8_mean_close_to_fp32(int8_encoder, embedder):
-    from poolers import Embedder
+    from embedpool.poolers import Embedder
 
     ref = embedder.embed(TEXTS, ["mean"]).matrix("mean")
     fast = Embedder(int8_encoder).embed(TEXTS, ["mean"]).matrix("mean")
@@ -72,7 +72,7 @@ def test_int8_mean_close_to_fp32(int8_encoder, embedder):
 
 def test_int8_batch_invariant(int8_encoder):
     """Per-token activation scales: a text's output does not depend on its batch mates."""
-    from poolers import Embedder
+    from embedpool.poolers import Embedder
 
     emb = Embedder(int8_encoder)
     alone = emb.embed([TEXTS[4]], ["mean"]).matrix("mean")[0]
@@ -84,7 +84,7 @@ def test_fp32_graph_matches_transformers(encoder, tmp_path):
     """The ONNX graph itself (float MatMuls) reproduces the transformers forward."""
     import torch
 
-    from poolers.fastpath import load_fastpath
+    from embedpool.poolers.fastpath import load_fastpath
 
     fwd = load_fastpath(encoder.model, "fp32", cache_dir=tmp_path, tokenizer=encoder.tokenizer)
     enc = encoder.tokenizer(TEXTS[:8], padding=True, truncation=True, max_length=256, return_tensors="pt")
@@ -97,7 +97,7 @@ def test_fp32_graph_matches_transformers(encoder, tmp_path):
 
 
 def test_artifact_cached_and_reused(int8_encoder, cache_dir):
-    from poolers.fastpath import OnnxEncoderForward, ensure_artifact
+    from embedpool.poolers.fastpath import OnnxEncoderForward, ensure_artifact
 
     fwd = int8_encoder._forward_fn
     assert isinstance(fwd, OnnxEncoderForward)
@@ -112,7 +112,7 @@ def test_artifact_cached_and_reused(int8_encoder, cache_dir):
 def test_unsupported_architecture_is_a_clear_error(encoder):
     from types import SimpleNamespace
 
-    from poolers.fastpath import check_supported
+    from embedpool.poolers.fastpath import check_supported
 
     fake = SimpleNamespace(config=SimpleNamespace(model_type="roberta", position_embedding_type="absolute",
                                                   hidden_act="gelu", is_decoder=False))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from poolers import build_pooler
-from poolers.attention import AttentionHead, RoleHeads
-from poolers.states import TokenStates
-from poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
+from embedpool.poolers import build_pooler
+from embedpool.poolers.attention import AttentionHead, RoleHeads
+from embedpool.poolers.states import TokenStates
+from embedpool.poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
                               ict_positive_states, ict_spans, pad,
                               split_dev, train_head)
 

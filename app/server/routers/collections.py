@@ -14,13 +14,13 @@ import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-import index
-from app.server.auth import require_api_key
-from app.server.deps import get_collections, get_engine
-from app.server.errors import Conflict, Invalid
-from app.server.limits import check_inputs
-from app.server.responses import JSON
-from app.server.schemas import (
+from embedpool import index
+from embedpool.app.server.auth import require_api_key
+from embedpool.app.server.deps import get_collections, get_engine
+from embedpool.app.server.errors import Conflict, Invalid
+from embedpool.app.server.limits import check_inputs
+from embedpool.app.server.responses import JSON
+from embedpool.app.server.schemas import (
     CollectionCreate,
     CollectionInfo,
     CollectionList,
@@ -32,7 +32,7 @@ from app.server.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from app.server.state import Collections, Engine
+from embedpool.app.server.state import Collections, Engine
 
 log = logging.getLogger("embedpool.server")
 

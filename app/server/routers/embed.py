@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from app.server.auth import require_api_key
-from app.server.deps import get_engine
-from app.server.limits import check_inputs
-from app.server.responses import JSON
-from app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
-from app.server.state import Engine
+from embedpool.app.server.auth import require_api_key
+from embedpool.app.server.deps import get_engine
+from embedpool.app.server.limits import check_inputs
+from embedpool.app.server.responses import JSON
+from embedpool.app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
+from embedpool.app.server.state import Engine
 
 router = APIRouter(tags=["embeddings"], dependencies=[Depends(require_api_key)])
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from app.server.auth import require_api_key
-from app.server.deps import get_collections, get_engine
-from app.server.schemas import Health, Info, PoolerInfo
-from app.server.state import Collections, Engine
+from embedpool.app.server.auth import require_api_key
+from embedpool.app.server.deps import get_collections, get_engine
+from embedpool.app.server.schemas import Health, Info, PoolerInfo
+from embedpool.app.server.state import Collections, Engine
 
 router = APIRouter(tags=["service"])
 
@@ -16,7 +16,7 @@ router = APIRouter(tags=["service"])
             responses={503: {"model": Health, "description": "the model is loading (or failed to load)"}})
 async def health(engine: Engine = Depends(get_engine)) -> Response:
     """200 once the model is loaded and the batcher runs; 503 while it loads (no API key needed)."""
-    from app.server.responses import JSON
+    from embedpool.app.server.responses import JSON
 
     body = Health(status=engine.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
                   error=engine.error)
@@ -34,7 +34,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/info", response_model=Info, dependencies=[Depends(require_api_key)])
 def info(engine: Engine = Depends(get_engine), collections: Collections = Depends(get_collections)) -> Info:
     """The model, its dimension and window, the poolers and the collections."""
-    from poolers import REGISTRY
+    from embedpool.poolers import REGISTRY
 
     s = engine.settings
     emb = engine.embedder if engine.status == "ready" else None

@@ -7,13 +7,13 @@ import base64
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 
-from app.server.auth import require_api_key
-from app.server.deps import get_engine
-from app.server.errors import Invalid
-from app.server.limits import check_inputs
-from app.server.responses import JSON
-from app.server.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from app.server.state import Engine
+from embedpool.app.server.auth import require_api_key
+from embedpool.app.server.deps import get_engine
+from embedpool.app.server.errors import Invalid
+from embedpool.app.server.limits import check_inputs
+from embedpool.app.server.responses import JSON
+from embedpool.app.server.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from embedpool.app.server.state import Engine
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_api_key)])
 

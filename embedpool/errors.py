@@ -1,0 +1,78 @@
+"""The one error taxonomy of embedpool, shared by ``poolers``, ``index`` and ``app``.
+
+Every error embedpool raises on purpose is an :class:`EmbedpoolError` with a :class:`Kind`. The
+kind alone decides what a caller sees: :data:`TABLE` maps each kind, in one place, to the HTTP
+status of the API and the exit code of the CLI (as TEI maps its one error enum in one match).
+Messages are written for the person who has to fix the problem: what is wrong and what to do.
+
+This module imports nothing from embedpool, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """What went wrong, from the caller's point of view."""
+
+    INVALID = "invalid"            # bad input: fix the request or the arguments
+    TOO_LARGE = "too_large"        # over a configured limit: send less
+    UNAUTHORIZED = "unauthorized"  # missing or wrong credentials
+    NOT_FOUND = "not_found"        # a named collection, document, model or file does not exist
+    CONFLICT = "conflict"          # exists with other settings, or locked by another writer
+    OVERLOADED = "overloaded"      # busy: retry later
+    UNAVAILABLE = "unavailable"    # a dependency is down or not ready (backend, model loading)
+    INTERNAL = "internal"          # a bug, or stored data that contradicts itself
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one kind is reported: HTTP status, the API's ``type`` string, CLI exit code."""
+
+    status: int
+    type: str
+    exit_code: int
+
+
+# Exit codes: 2 for anything the user can fix by changing the command (argparse's own code for
+# usage errors); the rest follow sysexits.h (69 unavailable, 70 software, 75 temporary failure).
+TABLE: dict[Kind, Outcome] = {
+    Kind.INVALID: Outcome(422, "validation_error", 2),
+    Kind.TOO_LARGE: Outcome(413, "payload_too_large", 2),
+    Kind.UNAUTHORIZED: Outcome(401, "unauthorized", 2),
+    Kind.NOT_FOUND: Outcome(404, "not_found", 2),
+    Kind.CONFLICT: Outcome(409, "conflict", 2),
+    Kind.OVERLOADED: Outcome(429, "overloaded", 75),
+    Kind.UNAVAILABLE: Outcome(503, "not_ready", 69),
+    Kind.INTERNAL: Outcome(500, "internal_error", 70),
+}
+
+
+class EmbedpoolError(Exception):
+    """Root of every error embedpool raises on purpose. Subclasses set :attr:`kind`.
+
+    Args:
+        message: what is wrong and what to do about it.
+        param: the request field or CLI option at fault, if there is one.
+    """
+
+    kind: Kind = Kind.INTERNAL
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def outcome(self) -> Outcome:
+        return TABLE[self.kind]
+
+
+def outcome(kind: Kind) -> Outcome:
+    """The status, type and exit code of ``kind`` (a ``KeyError`` for an unmapped kind)."""
+    return TABLE[kind]
