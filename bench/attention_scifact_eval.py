@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from embedpool.app.evaluation import load_beir, score_runs  # noqa: E402
 from embedpool.poolers import FrozenEncoder  # noqa: E402
 from embedpool.poolers.attention import AttentionHead, load_head  # noqa: E402
-from embedpool.poolers.training import _pool_all, cache_token_states  # noqa: E402
+from embedpool.poolers.training import pool_states, cache_token_states  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "scifact"
 CACHE = ROOT / "bench" / "results" / "cache"
@@ -62,8 +62,8 @@ def main() -> None:
     doc_ids = [r.id for r in data.corpus]
     with torch.no_grad():
         for label, head in heads.items():
-            d = F.normalize(_pool_all(head, docs, "document"), dim=-1)
-            q = F.normalize(_pool_all(head, queries, "query"), dim=-1)
+            d = F.normalize(pool_states(head, docs, "document"), dim=-1)
+            q = F.normalize(pool_states(head, queries, "query"), dim=-1)
             top = (q @ d.T).topk(100, dim=1)
             runs[label] = {qid: {doc_ids[j]: float(s) for s, j in zip(sv.tolist(), jv.tolist())}
                            for qid, sv, jv in zip(qids, top.values, top.indices)}

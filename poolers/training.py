@@ -245,7 +245,7 @@ def _pool(head: Head, states: Sequence[Tensor], role: str = "document") -> Tenso
     return out.flatten(1) if out.shape[1] > 1 else out[:, 0]
 
 
-def _pool_all(head: Head, states: Sequence[Tensor], role: str, chunk: int = 128) -> Tensor:
+def pool_states(head: Head, states: Sequence[Tensor], role: str, chunk: int = 128) -> Tensor:
     """Pool many texts in length-sorted chunks (little padding); rows in input order."""
     order = sorted(range(len(states)), key=lambda i: states[i].shape[0])
     out = [None] * len(states)
@@ -291,8 +291,8 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
     with torch.no_grad():
         if cfg.objective == "cosent":
             assert data.scores is not None
-            q = F.normalize(_pool_all(head, [data.queries[data.pairs[i][0]] for i in idx], "document"), dim=-1)
-            d = F.normalize(_pool_all(head, [data.docs[data.pairs[i][1]] for i in idx], "document"), dim=-1)
+            q = F.normalize(pool_states(head, [data.queries[data.pairs[i][0]] for i in idx], "document"), dim=-1)
+            d = F.normalize(pool_states(head, [data.docs[data.pairs[i][1]] for i in idx], "document"), dim=-1)
             value = float(spearmanr((q * d).sum(-1).numpy(), [data.scores[i] for i in idx]).statistic)
             head.train()
             return "spearman", value
@@ -300,8 +300,8 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
         relevant: dict[int, set[int]] = {}
         for a, b in data.pairs:
             relevant.setdefault(a, set()).add(b)
-        q = F.normalize(_pool_all(head, [data.queries[a] for a in queries], "query"), dim=-1)
-        d = F.normalize(_pool_all(head, data.docs, "document"), dim=-1)
+        q = F.normalize(pool_states(head, [data.queries[a] for a in queries], "query"), dim=-1)
+        d = F.normalize(pool_states(head, data.docs, "document"), dim=-1)
         top = (q @ d.T).topk(min(10, d.shape[0]), dim=1).indices
     head.train()
     discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))
