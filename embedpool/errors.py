@@ -5,6 +5,18 @@ kind alone decides what a caller sees: :data:`TABLE` maps each kind, in one plac
 status of the API and the exit code of the CLI (as TEI maps its one error enum in one match).
 Messages are written for the person who has to fix the problem: what is wrong and what to do.
 
+There is one ready-made class per kind (:class:`InvalidError`, :class:`NotFoundError`, ...);
+raise it directly, or subclass it when callers need to catch one error by type
+(``poolers.PoolerSpecError``, ``index.SpecMismatchError``, ...). The kinds the caller can fix
+(invalid, too large, not found) keep the matching built-in as a second base (``ValueError``,
+``TypeError``, ``KeyError``/``LookupError``, ``FileNotFoundError``) so that ``except ValueError``
+keeps working for bad arguments; unavailable and internal errors never do, so that a backend
+outage is never mistaken for bad input.
+
+An exception that is not an :class:`EmbedpoolError` was not raised on purpose: :func:`kind_of`
+files it as internal (a bug), except for the few built-ins whose meaning does not depend on who
+raised them (a missing file, another OS failure, text that is not valid Unicode).
+
 This module imports nothing from embedpool, so every layer may import it.
 """
 
@@ -12,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
 
 class Kind(str, Enum):
@@ -56,14 +69,17 @@ class EmbedpoolError(Exception):
     Args:
         message: what is wrong and what to do about it.
         param: the request field or CLI option at fault, if there is one.
+        retry_after: seconds after which trying again may succeed (overloaded, unavailable).
     """
 
-    kind: Kind = Kind.INTERNAL
+    kind: ClassVar[Kind] = Kind.INTERNAL
 
-    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+    def __init__(self, message: str = "", *, param: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.retry_after = retry_after
 
     def __str__(self) -> str:
         return self.message
@@ -71,6 +87,79 @@ class EmbedpoolError(Exception):
     @property
     def outcome(self) -> Outcome:
         return TABLE[self.kind]
+
+
+# ---------------------------------------------------------------------- one class per kind
+class InvalidError(EmbedpoolError, ValueError):
+    """Bad input: a value the caller must change."""
+
+    kind = Kind.INVALID
+
+
+class InvalidTypeError(InvalidError, TypeError):
+    """Bad input of the wrong type (also a ``TypeError``)."""
+
+
+class TooLargeError(EmbedpoolError, ValueError):
+    """Over a configured limit (inputs, tokens, bytes): send less."""
+
+    kind = Kind.TOO_LARGE
+
+
+class UnauthorizedError(EmbedpoolError):
+    """Missing or wrong credentials."""
+
+    kind = Kind.UNAUTHORIZED
+
+
+class NotFoundError(EmbedpoolError, LookupError):
+    """Something named does not exist."""
+
+    kind = Kind.NOT_FOUND
+
+
+class MissingFileError(NotFoundError, FileNotFoundError):
+    """A file or folder the caller named does not exist (also a ``FileNotFoundError``)."""
+
+
+class ConflictError(EmbedpoolError):
+    """It exists with other settings, or another writer holds it."""
+
+    kind = Kind.CONFLICT
+
+
+class OverloadedError(EmbedpoolError):
+    """Busy: retry after ``retry_after`` seconds."""
+
+    kind = Kind.OVERLOADED
+
+
+class UnavailableError(EmbedpoolError):
+    """A dependency is down or not ready yet (a storage backend, the model loading)."""
+
+    kind = Kind.UNAVAILABLE
+
+
+class InternalError(EmbedpoolError):
+    """A bug, or stored data that contradicts itself."""
+
+    kind = Kind.INTERNAL
+
+
+# ---------------------------------------------------------------------- classification
+def kind_of(exc: BaseException) -> Kind:
+    """The kind of any exception: an :class:`EmbedpoolError`'s own; for the rest, a missing
+    file is not found, another OS error (disk full, permission denied, connection refused) is
+    unavailable, text that cannot be encoded or decoded is invalid, and anything else is a bug."""
+    if isinstance(exc, EmbedpoolError):
+        return exc.kind
+    if isinstance(exc, FileNotFoundError):
+        return Kind.NOT_FOUND
+    if isinstance(exc, OSError):
+        return Kind.UNAVAILABLE
+    if isinstance(exc, UnicodeError):
+        return Kind.INVALID
+    return Kind.INTERNAL
 
 
 def outcome(kind: Kind) -> Outcome:
