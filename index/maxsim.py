@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import InvalidInputError
+
 PRECISIONS = ("float32", "float16", "int8")
 
 #: Per-chunk working-set bound of :func:`maxsim_scores` (similarity block + dequantized tokens).
@@ -46,7 +48,7 @@ def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | No
         scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
         codes = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
         return codes, scales
-    raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    raise InvalidInputError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:

@@ -229,7 +229,7 @@ def _connect(uri: str, token: str | None):
 
 @contextlib.contextmanager
 def _errors(what: str) -> Iterator[None]:
-    """Milvus errors as :class:`BackendError` (a :class:`CollectionError`)."""
+    """Milvus errors as :class:`BackendError` (unavailable: the HTTP API answers 503)."""
     from pymilvus.exceptions import MilvusException
 
     try:
