@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
 from embedpool.poolers.states import TokenStates
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class FrozenEncoder:
         device: str = "cpu",
     ) -> None:
         if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+            raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
@@ -144,7 +145,7 @@ class FrozenEncoder:
         try:
             st = SentenceTransformer(path, device=device, local_files_only=True)
         except OSError as exc:  # not a folder and not in the local cache
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"model {model!r} is neither a local folder nor in the local Hugging Face cache; "
                 "nothing is downloaded at run time"
             ) from exc
@@ -196,7 +197,7 @@ class FrozenEncoder:
         rows = []
         for i, (ids, special) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
             if len(ids) > self.max_length:
-                raise ValueError(
+                raise InvalidError(
                     f"input {i} has {len(ids)} tokens, over the model's limit of {self.max_length}; "
                     "shorten it or set truncate=true"
                 )
@@ -230,10 +231,10 @@ class FrozenEncoder:
         last chunk possibly shorter; long inputs become several windows of whole chunks, each
         a valid ``[CLS] … [SEP]`` sequence. An empty text is ``[CLS] [SEP]``."""
         if g < 1:
-            raise ValueError(f"landmark g must be >= 1, got {g}")
+            raise InvalidError(f"landmark g must be >= 1, got {g}")
         per_window = (self.max_length - 1) // (g + 1)
         if per_window < 1:
-            raise ValueError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
+            raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
         enc = self.tokenizer(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
@@ -259,7 +260,7 @@ class FrozenEncoder:
             return self._tokenize_windowed(texts, prompt)
         if plan.kind == "landmark":
             return self._tokenize_landmark(texts, prompt, plan.g)
-        raise ValueError(f"unknown tokenization plan {plan.kind!r}; use standard, windowed or landmark")
+        raise InvalidError(f"unknown tokenization plan {plan.kind!r}; use standard, windowed or landmark")
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation)."""
@@ -357,11 +358,17 @@ class FrozenEncoder:
 
 def _check_texts(texts) -> list[str]:
     if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings, not a single string")
+        raise InvalidTypeError("texts must be a list of strings, not a single string")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"input {i} is {type(t).__name__}, expected a string")
+            raise InvalidTypeError(f"input {i} is {type(t).__name__}, expected a string")
+        if not t.isascii():  # a lone surrogate (JSON's "\ud800") is no text a tokenizer takes
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidError(f"input {i} is not valid Unicode: a lone surrogate {t[e.start]!r} at "
+                                   f"character {e.start}") from None
     return texts
 
 

@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedpool.errors import InvalidError
+
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 4
@@ -69,7 +71,7 @@ def check_supported(model) -> None:
     if getattr(cfg, "is_decoder", False):
         problems.append("is_decoder=True")
     if problems:
-        raise ValueError("the int8 fast path supports BERT encoders only; this model has " + ", ".join(problems))
+        raise InvalidError("the int8 fast path supports BERT encoders only; this model has " + ", ".join(problems))
 
 
 
@@ -258,7 +260,7 @@ def build_onnx(model, mode: str = "int8", tokenizer=None):
     from onnx import TensorProto, helper
 
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InvalidError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     check_supported(model)
     cfg = model.config
     d, heads, eps = cfg.hidden_size, cfg.num_attention_heads, float(cfg.layer_norm_eps)

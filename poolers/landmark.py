@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, masked_mean, register, rows_to_texts
 from embedpool.poolers.encoder import Plan
 from embedpool.poolers.states import TokenStates
@@ -34,6 +35,6 @@ class LandmarkPooler(Pooler):
 
     def pool(self, states: TokenStates) -> Tensor:
         if states.landmark_mask is None:
-            raise ValueError("landmark pooling needs token states from the landmark tokenization plan")
+            raise InvalidError("landmark pooling needs token states from the landmark tokenization plan")
         w = states.landmark_mask
         return rows_to_texts(masked_mean(states.hidden, w), states, w)

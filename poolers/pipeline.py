@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embedpool.errors import InvalidError, InvalidTypeError
 from embedpool.poolers.base import Pooler, build_pooler
 from embedpool.poolers.encoder import FrozenEncoder, Plan
 
@@ -32,7 +33,7 @@ class EmbedResult:
     def matrix(self, spec: str) -> np.ndarray:
         """Single-vector results of ``spec`` stacked as ``[N, D]``."""
         if self.multi_vector[spec]:
-            raise ValueError(f"pooler {spec!r} is multi-vector; use .vectors[spec]")
+            raise InvalidError(f"pooler {spec!r} is multi-vector; use .vectors[spec]")
         rows = self.vectors[spec]
         return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
@@ -83,9 +84,9 @@ class Embedder:
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise TypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+            raise InvalidTypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
         if not 1 <= dimensions <= self.dim:
-            raise ValueError(f"dimensions must be between 1 and the model's {self.dim}, got {dimensions}")
+            raise InvalidError(f"dimensions must be between 1 and the model's {self.dim}, got {dimensions}")
 
     def embed(
         self,
@@ -110,9 +111,9 @@ class Embedder:
             on_batch: called with ``(texts_done, tokens)`` after each forward batch.
         """
         if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, not a single string")
+            raise InvalidTypeError("texts must be a list of strings, not a single string")
         if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         self.check_dimensions(dimensions)
         if poolers is None or isinstance(poolers, str):
             poolers = [poolers] if poolers else [self.default_pooler]

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from embedpool.errors import InvalidError
 from embedpool.poolers.attention import AttentionHead, RoleHeads
 from embedpool.poolers.encoder import FrozenEncoder
 
@@ -159,7 +160,7 @@ def ict_positive_states(encoder: FrozenEncoder, docs: Sequence[str], doc_states:
     tokens were contextualised with the removed sentence still in the window.
     """
     if encoder.prompt_for("document"):
-        raise ValueError("ICT from cached document states does not support a document prompt")
+        raise InvalidError("ICT from cached document states does not support a document prompt")
     out = []
     for span in spans:
         enc = encoder.tokenizer(docs[span.doc], add_special_tokens=True, truncation=True,
@@ -167,7 +168,7 @@ def ict_positive_states(encoder: FrozenEncoder, docs: Sequence[str], doc_states:
         offsets = enc["offset_mapping"]
         states = doc_states[span.doc]
         if len(offsets) != states.shape[0]:
-            raise ValueError(f"document {span.doc}: {len(offsets)} tokens but {states.shape[0]} cached states")
+            raise InvalidError(f"document {span.doc}: {len(offsets)} tokens but {states.shape[0]} cached states")
         keep = torch.tensor([not (b > a and a < span.end and b > span.start) for a, b in offsets])
         out.append(states[keep].clone())
     return out
@@ -337,11 +338,11 @@ def train_head(data: PairData, dim: int, cfg: TrainConfig,
 def _train(data: PairData, dim: int, cfg: TrainConfig, progress: Callable[[dict], None] | None,
            dev: PairData | None) -> tuple[Head, TrainReport]:
     if cfg.select not in ("metric", "loss"):
-        raise ValueError(f"select must be metric or loss, got {cfg.select!r}")
+        raise InvalidError(f"select must be metric or loss, got {cfg.select!r}")
     if cfg.roles not in ("shared", "separate"):
-        raise ValueError(f"roles must be shared or separate, got {cfg.roles!r}")
+        raise InvalidError(f"roles must be shared or separate, got {cfg.roles!r}")
     if cfg.roles == "separate" and cfg.objective == "cosent":
-        raise ValueError("separate query/document heads need query/document pairs; STS pairs are symmetric")
+        raise InvalidError("separate query/document heads need query/document pairs; STS pairs are symmetric")
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     head: Head = (RoleHeads if cfg.roles == "separate" else AttentionHead)(dim, cfg.queries, cfg.value_projection,
