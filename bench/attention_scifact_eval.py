@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from embedpool.app.evaluation import load_beir, score_runs  # noqa: E402
 from embedpool.poolers import FrozenEncoder  # noqa: E402
-from embedpool.poolers.attention import AttentionHead, load_head  # noqa: E402
+from embedpool.poolers.attention import AttentionHead  # noqa: E402
 from embedpool.poolers.training import pool_states, cache_token_states  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "scifact"
@@ -57,7 +57,7 @@ def main() -> None:
     heads = {"mean": AttentionHead(enc.hidden_size).eval()}
     for item in args.head:
         label, _, path = item.partition("=")
-        heads[label] = load_head(path)[0]
+        heads[label] = AttentionHead.load(path)
     runs = {}
     doc_ids = [r.id for r in data.corpus]
     with torch.no_grad():

@@ -11,27 +11,95 @@ Queries and documents may share one head (``roles: shared``, the default) or use
 heads (``roles: separate``): the pipeline pools each text through :meth:`AttentionPooler.pool_role`
 with its role, and a separate-heads file holds a ``query.*`` and a ``document.*`` head.
 
-Weights are a safetensors file with a JSON config beside it (``head.safetensors`` +
-``head.json``), written by ``embedpool train-attention``; ``weights=`` names either file or
-their folder.
+A head saves and loads as every module of :mod:`poolers` does (:class:`poolers.base.Configurable`):
+its config is ``head.json`` (the constructor arguments, the ``roles`` and the ``encoder`` it was
+trained on, plus whatever provenance ``embedpool train-attention`` adds) and its weights
+``head.safetensors``, side by side in one folder; ``weights=`` names that folder or either file.
+An :class:`AttentionPooler` saves its own ``config.json`` and, when it has a trained head, the
+head beside it, so its folder also works as ``attention:weights=DIR``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from embedpool.poolers.base import Pooler, masked_mean, register
+from embedpool.errors import InvalidError, MissingFileError
+from embedpool.poolers.base import Configurable, Pooler, PoolerSpecError, masked_mean, register
 from embedpool.poolers.states import TokenStates
 
 WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "head.json"
 
 
-class AttentionHead(nn.Module):
+class HeadModule(nn.Module, Configurable):
+    """What both kinds of head share: the config, and saving and loading it with the weights.
+
+    Loading dispatches on the saved ``roles``: :meth:`load` gives an :class:`AttentionHead`
+    for ``shared`` and :class:`RoleHeads` for ``separate``, whichever class it is called on."""
+
+    config_file_name = CONFIG_FILE
+    config_keys = ("dim", "queries", "value_projection", "heads", "roles", "encoder")
+    roles = "shared"
+
+    def __init__(self, dim: int, queries: int, value_projection: bool, heads: int,
+                 encoder: str | None, meta: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.dim, self.queries, self.value_projection, self.heads = dim, queries, value_projection, heads
+        self.encoder = encoder
+        self.meta: dict[str, Any] = dict(meta or {})  # provenance: objective, source, seed, ...
+
+    def save(self, path: str | Path, encoder: str | None = None, **meta: Any) -> Path:
+        """Write ``head.safetensors`` + ``head.json`` into folder ``path``; ``encoder`` (the
+        model the head was trained on) and ``meta`` (provenance) go into the config."""
+        from safetensors.torch import save_file
+
+        if encoder is not None:
+            self.encoder = encoder
+        self.meta.update(meta)
+        folder = self.save_config(path, extra=self.meta)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(folder / WEIGHTS_FILE))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AttentionHead | RoleHeads":
+        """The head saved in folder ``path`` (or beside the file ``path`` names)."""
+        from safetensors.torch import load_file
+
+        folder = head_folder(path)
+        if not has_head(folder):
+            raise MissingFileError(
+                f"attention weights not found: expected {folder / WEIGHTS_FILE} and {folder / CONFIG_FILE} "
+                "(written by `embedpool train-attention --out DIR`)"
+            )
+        config = cls.load_config(folder)
+        kinds = {"shared": AttentionHead, "separate": RoleHeads}
+        roles = config.pop("roles", "shared")
+        if roles not in kinds:
+            raise InvalidError(f"attention head {folder}: roles must be shared or separate, got {roles!r}")
+        args = {k: config.pop(k) for k in cls.config_keys if k in config}
+        try:
+            head = kinds[roles](**args, meta=config)
+        except TypeError as e:  # e.g. no "dim"
+            raise InvalidError(f"attention head {folder}: {CONFIG_FILE} is incomplete ({e})") from None
+        head.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+        return head.eval()
+
+
+def head_folder(path: str | Path) -> Path:
+    """The folder of a head given as the folder or as one of its two files."""
+    folder = Path(path)
+    return folder.parent if folder.suffix in (".safetensors", ".json") else folder
+
+
+def has_head(folder: Path) -> bool:
+    return (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
+
+
+class AttentionHead(HeadModule):
     """Scores tokens and pools them.
 
     Args:
@@ -41,17 +109,17 @@ class AttentionHead(nn.Module):
         heads: attention heads per output vector: the state dimensions are split into ``heads``
             equal slices and each slice is pooled with its own token weights (multi-head
             attention pooling); ``dim`` must be divisible by ``heads``.
+        encoder: the model the head is trained on (recorded in its config).
+        meta: provenance kept in the config (not used to pool).
     """
 
-    roles = "shared"
-
-    def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1) -> None:
-        super().__init__()
+    def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1,
+                 encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
         if queries < 1:
-            raise ValueError(f"attention queries must be >= 1, got {queries}")
+            raise InvalidError(f"attention queries must be >= 1, got {queries}")
         if heads < 1 or dim % heads:
-            raise ValueError(f"attention heads must be >= 1 and divide the state size {dim}, got {heads}")
-        self.dim, self.queries, self.value_projection, self.heads = dim, queries, value_projection, heads
+            raise InvalidError(f"attention heads must be >= 1 and divide the state size {dim}, got {heads}")
+        super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.score = nn.Linear(dim, queries * heads)
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
@@ -78,22 +146,8 @@ class AttentionHead(nn.Module):
             pooled = self.value(pooled)
         return pooled
 
-    def config(self, encoder: str | None = None) -> dict:
-        return {"dim": self.dim, "queries": self.queries, "value_projection": self.value_projection,
-                "heads": self.heads, "roles": self.roles, "encoder": encoder}
 
-    def save(self, path: str | Path, encoder: str | None = None, **extra) -> Path:
-        """Write ``head.safetensors`` + ``head.json`` into folder ``path``."""
-        return _save(self, path, encoder, **extra)
-
-    @classmethod
-    def load(cls, path: str | Path) -> tuple["AttentionHead | RoleHeads", dict]:
-        """Load a head file: an :class:`AttentionHead`, or :class:`RoleHeads` for a
-        ``roles: separate`` file."""
-        return load_head(path)
-
-
-class RoleHeads(nn.Module):
+class RoleHeads(HeadModule):
     """Separate heads for queries and documents, each an :class:`AttentionHead`.
 
     Args:
@@ -101,62 +155,27 @@ class RoleHeads(nn.Module):
         queries: output vectors per text (both heads).
         value_projection: give both heads a value projection (identity at init).
         heads: attention heads of each (see :class:`AttentionHead`).
+        encoder: the model the heads are trained on.
+        meta: provenance kept in the config.
     """
 
     roles = "separate"
     ROLES = ("query", "document")
 
-    def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1) -> None:
-        super().__init__()
-        self.dim, self.queries, self.value_projection, self.heads = dim, queries, value_projection, heads
+    def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1,
+                 encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
+        super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.query = AttentionHead(dim, queries, value_projection, heads)
         self.document = AttentionHead(dim, queries, value_projection, heads)
 
     def head(self, role: str | None) -> AttentionHead:
         if role not in (None, *self.ROLES):
-            raise ValueError(f"role must be one of {', '.join(self.ROLES)}, got {role!r}")
+            raise InvalidError(f"role must be one of {', '.join(self.ROLES)}, got {role!r}")
         return self.query if role == "query" else self.document
 
     def forward(self, hidden: Tensor, mask: Tensor, role: str | None = "document") -> Tensor:
         """Pool with the head of ``role`` (``None`` = document)."""
         return self.head(role)(hidden, mask)
-
-    config = AttentionHead.config
-    save = AttentionHead.save
-
-
-def _save(head: "AttentionHead | RoleHeads", path: str | Path, encoder: str | None, **extra) -> Path:
-    from safetensors.torch import save_file
-
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / WEIGHTS_FILE))
-    (folder / CONFIG_FILE).write_text(json.dumps({**head.config(encoder), **extra}, indent=2))
-    return folder
-
-
-def load_head(path: str | Path) -> tuple[AttentionHead | RoleHeads, dict]:
-    """Read ``head.safetensors`` + ``head.json`` from folder ``path`` (or either file's folder)."""
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    if folder.suffix in (".safetensors", ".json"):
-        folder = folder.parent
-    cfg_file, w_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not cfg_file.exists() or not w_file.exists():
-        raise FileNotFoundError(
-            f"attention weights not found: expected {w_file} and {cfg_file} "
-            "(written by `embedpool train-attention --out DIR`)"
-        )
-    cfg = json.loads(cfg_file.read_text())
-    roles = cfg.get("roles", "shared")
-    kinds = {"shared": AttentionHead, "separate": RoleHeads}
-    if roles not in kinds:
-        raise ValueError(f"attention head {folder}: roles must be shared or separate, got {roles!r}")
-    head = kinds[roles](int(cfg["dim"]), int(cfg.get("queries", 1)), bool(cfg.get("value_projection", False)),
-                        int(cfg.get("heads", 1)))
-    head.load_state_dict(load_file(str(w_file)))
-    return head.eval(), cfg
 
 
 MAX_QUERIES = 64  # output vectors per text: a bound so that a request cannot ask for millions
@@ -175,30 +194,54 @@ class AttentionPooler(Pooler):
     options = {"weights": str, "queries": int}
     weights = ""
     queries = 1
+    multi_vector = None  # queries > 1
+    binds_model = True  # a trained head refuses another encoder
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.head_config: dict = {}
         self.head: AttentionHead | RoleHeads | None = None
         if self.weights:
-            self.head, self.head_config = AttentionHead.load(self.weights)
-            if "queries" in kwargs and kwargs["queries"] != self.head.queries:
-                raise ValueError(f"attention head at {self.weights} has queries={self.head.queries}, "
-                                 f"but the spec asks for queries={kwargs['queries']}")
+            self.head = AttentionHead.load(self.weights)
+            if "queries" in kwargs and self.queries != self.head.queries:
+                raise PoolerSpecError(f"attention head at {self.weights} has queries={self.head.queries}, "
+                                      f"but the spec asks for queries={self.queries}")
             self.queries = self.head.queries
         elif not 1 <= self.queries <= MAX_QUERIES:
-            raise ValueError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}")
+            raise PoolerSpecError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}")
+        self.multi_vector = self.queries > 1
+        self.role_aware = self.roles == "separate"
 
     @property
-    def multi_vector(self) -> bool:  # type: ignore[override]
-        return self.queries > 1
+    def head_config(self) -> dict[str, Any]:
+        """The trained head's config (``{}`` without weights)."""
+        return self.head.get_config_dict() if self.weights and self.head is not None else {}
 
     def bind(self, model_id: str | None) -> None:
         """Refuse a head trained on another encoder."""
         trained_on = self.head_config.get("encoder")
         if trained_on and model_id and trained_on != model_id:
-            raise ValueError(f"attention head {self.weights} was trained on encoder {trained_on!r}, "
-                             f"but this encoder is {model_id!r}; train a head for it")
+            raise InvalidError(f"attention head {self.weights} was trained on encoder {trained_on!r}, "
+                               f"but this encoder is {model_id!r}; train a head for it")
+
+    def save(self, path: str | Path) -> Path:
+        """``config.json``, and the trained head beside it (``weights`` then names this folder)."""
+        if not self.weights:
+            return super().save(path)
+        assert self.head is not None
+        folder = self.head.save(path)
+        return self.save_config(folder, extra={"weights": "."})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "AttentionPooler":
+        """The pooler saved in ``path``; a folder with only a head (``embedpool train-attention``
+        output) loads as ``attention:weights=path``. A relative ``weights`` is relative to ``path``."""
+        config = cls.load_config(path)
+        if not config and has_head(Path(path)):
+            config = {"weights": "."}
+        weights = config.get("weights")
+        if isinstance(weights, str) and weights and not Path(weights).is_absolute():
+            config["weights"] = str(Path(path) / weights)
+        return cls(**config)
 
     @property
     def roles(self) -> str:
@@ -212,7 +255,7 @@ class AttentionPooler(Pooler):
     def pool_role(self, states: TokenStates, role: str) -> Tensor | list[Tensor]:
         """Pool texts of ``role`` (``query`` or ``document``) with that role's head."""
         if not states.one_row_per_text:
-            raise ValueError("attention pooling runs on the standard tokenization plan")
+            raise InvalidError("attention pooling runs on the standard tokenization plan")
         if self.head is None:
             self.head = AttentionHead(states.hidden.shape[-1], self.queries).eval()
         with torch.inference_mode():

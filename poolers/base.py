@@ -1,20 +1,24 @@
-"""Pooler base class, spec strings (``name[:key=value,...]``) and the registry."""
+"""Pooler base class, spec strings (``name[:key=value,...]``), the registry, and the one way
+every module of this package saves and loads its config (:class:`Configurable`)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from embedpool.errors import InvalidError
 from embedpool.poolers.encoder import STANDARD, Plan
 from embedpool.poolers.states import TokenStates
 
 REGISTRY: dict[str, type["Pooler"]] = {}
 
 
-class PoolerSpecError(ValueError):
-    """A pooler spec that does not parse or names an unknown pooler or option."""
+class PoolerSpecError(InvalidError):
+    """A pooler spec or saved config that does not parse or names an unknown pooler or option."""
 
 
 def register(cls: type["Pooler"]) -> type["Pooler"]:
@@ -22,21 +26,97 @@ def register(cls: type["Pooler"]) -> type["Pooler"]:
     return cls
 
 
-class Pooler:
+class Configurable:
+    """Config saved and loaded one way, as sentence-transformers' ``Module`` does it.
+
+    ``config_keys`` name the constructor arguments that make the module; :meth:`get_config_dict`
+    reads them off the object, :meth:`save` writes them as JSON (``config_file_name``) into a
+    folder, with any weights beside them, and :meth:`load` builds the object again from that
+    folder. A missing config file is an empty config (the defaults), as in sentence-transformers.
+    """
+
+    config_keys: ClassVar[tuple[str, ...]] = ()
+    config_file_name: ClassVar[str] = "config.json"
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.config_keys}
+
+    def save_config(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {**self.get_config_dict(), **(extra or {})}
+        (folder / self.config_file_name).write_text(json.dumps(config, indent=2))
+        return folder
+
+    def save(self, path: str | Path) -> Path:
+        """Write the module into folder ``path`` (created if needed); returns the folder."""
+        return self.save_config(path)
+
+    @classmethod
+    def load_config(cls, path: str | Path) -> dict[str, Any]:
+        file = Path(path) / cls.config_file_name
+        try:
+            config = json.loads(file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidError(f"{file} is not a readable config: {e}") from None
+        if not isinstance(config, dict):
+            raise InvalidError(f"{file} must hold a JSON object, not {type(config).__name__}")
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """The module saved in folder ``path``."""
+        return cls(**cls.load_config(path))
+
+
+class Pooler(Configurable):
     """Turns :class:`TokenStates` into one vector per text (``[B, D]``) or, for multi-vector
     poolers, a list of ``[n_i, D]`` tensors. Pure tensor code: no I/O but loading weights.
 
     Subclasses set ``name``, ``options`` (option name -> type, with defaults as class
-    attributes of the same name) and implement :meth:`pool`.
+    attributes of the same name; they are also the ``config_keys``) and implement :meth:`pool`.
+
+    What a pooler can do is declared, not guessed from its methods:
+
+    - ``multi_vector``: gives several vectors per text (``None`` on a class whose instances
+      decide from their options, e.g. ``attention:queries=k``; every instance has a bool);
+    - ``role_aware``: pools queries and documents differently (:meth:`pool_role`);
+    - ``binds_model``: checks itself against the encoder it pools for (:meth:`bind`, e.g. a
+      trained head refuses another encoder);
+    - ``plan``: the tokenization plan its token states come from.
     """
 
     name: ClassVar[str] = ""
     options: ClassVar[dict[str, type]] = {}
-    multi_vector: ClassVar[bool] = False
+    multi_vector: bool | None = False
+    role_aware: bool = False
+    binds_model: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "config_keys" not in cls.__dict__:
+            cls.config_keys = tuple(cls.options)
 
     def __init__(self, **kwargs: Any) -> None:
-        for key, value in kwargs.items():
+        for key, value in self.check_config(kwargs).items():
             setattr(self, key, value)
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with every value of its option's type (strings are parsed, as in a spec).
+
+        Raises:
+            PoolerSpecError: an unknown option, or a value that is not of the option's type.
+        """
+        out = {}
+        for key, value in config.items():
+            if key not in cls.options:
+                valid = ", ".join(cls.options) or "none"
+                raise PoolerSpecError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}")
+            out[key] = _coerce(cls.name, key, value, cls.options[key])
+        return out
 
     @property
     def plan(self) -> Plan:
@@ -49,15 +129,15 @@ class Pooler:
                  if getattr(self, k) != getattr(type(self), k)]
         return self.name + (":" + ",".join(parts) if parts else "")
 
-    def config(self) -> dict[str, Any]:
-        return {"name": self.name, **{k: getattr(self, k) for k in self.options}}
+    def bind(self, model_id: str | None) -> None:
+        """Check the pooler against the encoder ``model_id`` (poolers with ``binds_model``)."""
 
     def pool(self, states: TokenStates) -> Tensor | list[Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def pool_role(self, states: TokenStates, role: str) -> Tensor | list[Tensor]:
         """:meth:`pool` for texts of ``role`` (``query`` or ``document``); the same for both
-        unless a pooler treats queries differently (``cluster`` leaves query tokens unpooled)."""
+        unless the pooler is ``role_aware`` (``cluster`` leaves query tokens unpooled)."""
         return self.pool(states)
 
     def __repr__(self) -> str:
@@ -70,8 +150,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _coerce(pooler: str, key: str, raw: str, kind: type) -> Any:
+def _coerce(pooler: str, key: str, raw: Any, kind: type) -> Any:
+    """``raw`` (a spec's string, or a saved config's JSON value) as a ``kind``."""
+    if isinstance(raw, kind) and not (kind is not bool and isinstance(raw, bool)):
+        return raw
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
     try:
+        if not isinstance(raw, str):
+            raise ValueError
         if kind is bool:
             low = raw.lower()
             if low in ("1", "true", "yes", "on"):
@@ -118,14 +205,8 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
         raise PoolerSpecError(
             f"unknown pooler {name!r}; choose one of: auto, {', '.join(sorted(REGISTRY))}"
         )
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in cls.options:
-            valid = ", ".join(cls.options) or "none"
-            raise PoolerSpecError(f"pooler {name!r} has no option {key!r}; valid options: {valid}")
-        kwargs[key] = _coerce(name, key, value, cls.options[key])
-    pooler = cls(**kwargs)
-    if hasattr(pooler, "bind"):
+    pooler = cls(**raw)
+    if cls.binds_model:
         pooler.bind(model_id)
     return pooler
 

@@ -14,6 +14,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 from torch import Tensor
 
+from embedpool.errors import InvalidError
 from embedpool.poolers.base import register
 from embedpool.poolers.states import TokenStates
 from embedpool.poolers.tokens import TokenVectorPooler, normalized_tokens
@@ -96,9 +97,10 @@ class ClusterPooler(TokenVectorPooler):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         if self.pool_factor < 1:
-            raise ValueError(f"cluster pool_factor must be >= 1, got {self.pool_factor}")
+            raise InvalidError(f"cluster pool_factor must be >= 1, got {self.pool_factor}")
         if self.protected < 0:
-            raise ValueError(f"cluster protected must be >= 0, got {self.protected}")
+            raise InvalidError(f"cluster protected must be >= 0, got {self.protected}")
+        self.role_aware = not self.pool_queries  # queries keep every token
 
     def pool(self, states: TokenStates) -> list[Tensor]:
         return cluster_batch(states, self.pool_factor, self.protected)

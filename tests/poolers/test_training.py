@@ -55,7 +55,8 @@ def test_training_reduces_loss_and_changes_the_embedding(tmp_path):
         assert torch.equal(v, v2), k
     # weights round-trip through safetensors + JSON
     head.save(tmp_path / "h", encoder="synthetic")
-    loaded, cfg_json = AttentionHead.load(tmp_path / "h")
+    loaded = AttentionHead.load(tmp_path / "h")
+    cfg_json = loaded.get_config_dict()
     assert cfg_json["encoder"] == "synthetic"
     with torch.no_grad():
         torch.testing.assert_close(loaded(hidden, mask), head(hidden, mask), atol=0, rtol=0)
@@ -160,7 +161,8 @@ def test_separate_role_heads_train_save_load_and_serve_by_role(tmp_path):
     assert rep_sep.best_dev_metric > rep_sep.step0_dev_metric
     assert not torch.allclose(sep.query.score.weight, sep.document.score.weight)
     sep.save(tmp_path / "h", encoder="synthetic")
-    loaded, cfg = AttentionHead.load(tmp_path / "h")
+    loaded = AttentionHead.load(tmp_path / "h")
+    cfg = loaded.get_config_dict()
     assert cfg["roles"] == "separate" and isinstance(loaded, RoleHeads)
     pooler = build_pooler(f"attention:weights={tmp_path / 'h'}", model_id="synthetic")
     assert pooler.roles == "separate" and not pooler.multi_vector
@@ -197,7 +199,8 @@ def test_multi_head_step0_is_mean_trains_and_round_trips(tmp_path):
         w = torch.softmax(head.score(hidden).masked_fill(~mask.bool()[..., None], float("-inf")), dim=1)
         assert not torch.allclose(w[..., 0], w[..., 1], atol=1e-3)
     head.save(tmp_path / "mh", encoder="synthetic")
-    loaded, cfg_json = AttentionHead.load(tmp_path / "mh")
+    loaded = AttentionHead.load(tmp_path / "mh")
+    cfg_json = loaded.get_config_dict()
     assert cfg_json["heads"] == 4 and loaded.heads == 4
     with torch.no_grad():
         torch.testing.assert_close(loaded(hidden, mask), out, atol=0, rtol=0)
