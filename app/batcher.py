@@ -35,19 +35,23 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from embedpool.errors import OverloadedError, UnavailableError
+
 log = logging.getLogger("embedpool.batcher")
 
 
-class Overloaded(Exception):
+class Overloaded(OverloadedError):
     """The queue is full; retry after ``retry_after`` seconds."""
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message, retry_after=retry_after)
 
 
-class Stopped(Exception):
+class Stopped(UnavailableError):
     """The batcher was stopped (server shutting down)."""
+
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message, retry_after=5)
 
 
 class BatchObserver(Protocol):  # what the server's metrics implement
@@ -318,12 +322,12 @@ class Batcher:
         try:
             result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
                                          dimensions=job0.dimensions, truncate=job0.truncate)
-        except (ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer
             if len(group) == 1:
                 self._fail(job0, exc)
                 return 0
-            # One request's input is bad (e.g. too long with truncate=false): run each alone
-            # so that only that request fails.
+            # One request's input is bad (e.g. too long with truncate=false), or trips a bug:
+            # run each alone so that only that request fails.
             return sum(self._run_group([s]) for s in group)
         counts = self._count_tokens(texts)
         offset = 0

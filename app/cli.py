@@ -5,6 +5,12 @@ Each subcommand lives in ``app/commands/<name>.py`` and exposes
 function that runs it.  Modules are imported lazily by name so that
 ``embedpool --help`` stays fast and a broken optional dependency of one
 command does not take down the others.
+
+Errors end a command with the exit code of their kind (``embedpool.errors.TABLE``, the table
+the HTTP API answers from too): 2 for what the user can fix (bad arguments or input, unknown
+collection, conflicting settings), 69 when a dependency is unavailable, 75 when it is busy, and
+70 for an internal error. An exception that embedpool did not raise on purpose is a bug: its
+traceback is printed with the message.
 """
 
 from __future__ import annotations
@@ -12,12 +18,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+from embedpool.errors import TABLE, EmbedpoolError, InvalidError, Kind, kind_of
 
 COMMANDS = ["embed", "index", "search", "serve", "eval", "train_attention", "bench"]
 
 
-class UsageError(Exception):
-    """A user mistake: printed as ``embedpool: error: ...`` with exit code 2."""
+class UsageError(InvalidError):
+    """Options that do not go together, or an option the command cannot use: printed as
+    ``embedpool COMMAND: error: ...`` with the exit code of invalid input (2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,13 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
-        # Errors raised for bad input carry a message meant for the user.
-        print(f"embedpool {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - every error ends here, with its kind's exit code
+        return report(args.command, exc)
+
+
+def report(command: str, exc: Exception) -> int:
+    """Print ``exc`` for the user and return its exit code (from the one table)."""
+    kind = kind_of(exc)
+    prog = f"embedpool {command}"
+    if kind is Kind.INTERNAL and not isinstance(exc, EmbedpoolError):
+        traceback.print_exception(exc, file=sys.stderr)
+        print(f"{prog}: internal error (a bug in embedpool, please report it with the traceback "
+              f"above): {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        hint = f" (retry in {exc.retry_after} s)" if getattr(exc, "retry_after", None) else ""
+        print(f"{prog}: error: {exc}{hint}", file=sys.stderr)
+    return TABLE[kind].exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

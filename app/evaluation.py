@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from embedpool.app.indexing import IndexJob, Record, _PoolTimer, embed_by_plan, render_table
+from embedpool.errors import InvalidError, MissingFileError
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100")
 STAT_TESTS = ("student", "fisher")
@@ -58,7 +59,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     folder = Path(folder)
     for need in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
         if not (folder / need).is_file():
-            raise FileNotFoundError(f"{folder / need} not found: --data expects a BEIR folder with "
+            raise MissingFileError(f"{folder / need} not found: --data expects a BEIR folder with "
                                     f"corpus.jsonl, queries.jsonl and qrels/{split}.tsv")
     qrels: dict[str, dict[str, int]] = {}
     with open(folder / "qrels" / f"{split}.tsv", encoding="utf-8") as f:
@@ -127,7 +128,7 @@ def synthetic_long(data: BeirData, distractors: int, n_queries: int | None = 100
     """Needle-in-a-haystack variant of a BEIR set (see module docstring). The query sample
     depends on ``seed`` only, so every ``K`` uses the same queries and needles."""
     if distractors < 0:
-        raise ValueError("--distractors must be >= 0")
+        raise InvalidError("--distractors must be >= 0")
     qids = list(data.qrels)
     if n_queries and n_queries < len(qids):
         qids = random.Random(seed).sample(qids, n_queries)
@@ -137,7 +138,7 @@ def synthetic_long(data: BeirData, distractors: int, n_queries: int | None = 100
     relevant_anywhere = {d for rel in data.qrels.values() for d in rel}
     hay_pool = [r.id for r in data.corpus if r.id not in relevant_anywhere]
     if len(hay_pool) < distractors + 1:
-        raise ValueError(f"the corpus has only {len(hay_pool)} non-relevant documents; fewer than K+1")
+        raise InvalidError(f"the corpus has only {len(hay_pool)} non-relevant documents; fewer than K+1")
     rng = random.Random(f"{seed}-{distractors}")
     corpus, needle_doc = [], {}
     for d in needles:
@@ -167,7 +168,7 @@ def score_runs(qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[
     Returns ``{label: {"metrics": {m: mean}, "per_query": {m: {qid: score}}, "p_values": {m: p}}}``
     (``p_values`` empty for the baseline itself)."""
     if stat_test not in STAT_TESTS:
-        raise ValueError(f"stat test must be one of {', '.join(STAT_TESTS)}")
+        raise InvalidError(f"stat test must be one of {', '.join(STAT_TESTS)}")
     import os
     import sys
 
@@ -195,7 +196,7 @@ def score_runs(qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[
                           "per_query": per, "p_values": {}}
         if baseline is not None and len(rruns) > 1:
             if baseline not in rruns:
-                raise ValueError(f"baseline {baseline!r} is not among the runs")
+                raise InvalidError(f"baseline {baseline!r} is not among the runs")
             labels = [baseline] + [x for x in rruns if x != baseline]
             rep = compare(rq, [rruns[x] for x in labels], list(metrics), stat_test=stat_test)
             comp = rep.to_dict()[baseline]["comparisons"]
@@ -245,7 +246,7 @@ def _baseline(embedder, variants: list[Variant], baseline: str | None) -> Varian
     for v in variants:
         if v.canonical == c and (mode is None or v.mode == mode):
             return v
-    raise ValueError(f"--baseline {baseline!r} is not one of the evaluated poolers "
+    raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers "
                      f"({', '.join(v.label for v in variants)})")
 
 
@@ -264,9 +265,9 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
     modes = list(dict.fromkeys(modes))
     for m in modes:
         if m not in ("exhaustive", "two_stage", "tokens"):
-            raise ValueError(f"unknown mode {m!r}; use exhaustive, two_stage or tokens")
+            raise InvalidError(f"unknown mode {m!r}; use exhaustive, two_stage or tokens")
     if not poolers:
-        raise ValueError("give at least one --pooler")
+        raise InvalidError("give at least one --pooler")
     variants = _variants(embedder, poolers, modes)
     base = _baseline(embedder, variants, baseline)
     need_companion = any(v.multi and v.mode == "two_stage" for v in variants)
@@ -437,7 +438,7 @@ def _all_specs(embedder, poolers, modes) -> list[str]:
 def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
     path = Path(folder) / f"{split}.tsv"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: --sts expects a folder with {split}.tsv "
+        raise MissingFileError(f"{path} not found: --sts expects a folder with {split}.tsv "
                                 "(sentence1, sentence2, score)")
     pairs = []
     with open(path, encoding="utf-8", newline="") as f:
@@ -447,7 +448,7 @@ def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, fl
         try:
             a, b, s = cols["sentence1"], cols["sentence2"], cols["score"]
         except KeyError:
-            raise ValueError(f"{path}: the header must name sentence1, sentence2 and score") from None
+            raise InvalidError(f"{path}: the header must name sentence1, sentence2 and score") from None
         for row in reader:
             if len(row) > max(a, b, s):
                 pairs.append((row[a], row[b], float(row[s])))
@@ -507,7 +508,7 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
                      "vectors_per_doc": n_vec / len(sentences), "encode_s": round(sec[s], 3)})
     bc = embedder.canonical(baseline) if baseline else (embedder.canonical("mean") if embedder.canonical("mean") in specs else specs[0])
     if bc not in specs:
-        raise ValueError(f"--baseline {baseline!r} is not one of the evaluated poolers")
+        raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers")
     for s, r in zip(specs, rows):
         r["p_value"] = None if s == bc else _bootstrap_p(gold, preds[s], preds[bc], seed=seed)
     return {"task": "sts", **(info or {}), "model": embedder.model_id,

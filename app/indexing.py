@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from embedpool.errors import InvalidError, MissingFileError
 from embedpool.index import CollectionNotFoundError, CollectionSpec, open_collection
 
 JOB_FILE = "indexjob.json"
@@ -40,7 +41,7 @@ JOB_VERSION = 1
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
 
-class IndexJobError(ValueError):
+class IndexJobError(InvalidError):
     """A user-facing error of the indexing job (bad corpus, changed settings, ...)."""
 
 
@@ -75,7 +76,7 @@ class CorpusSource:
         if self.format not in FORMATS:
             raise IndexJobError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
         if self.path != "-" and not Path(self.path).is_file():
-            raise FileNotFoundError(f"corpus file {self.path} does not exist")
+            raise MissingFileError(f"corpus file {self.path} does not exist")
 
     @property
     def is_stdin(self) -> bool:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from embedpool.errors import MissingFileError
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 BENCHMARKS = {
     "encode": "encoder throughput: sentence-transformers vs embedpool fp32 vs the int8 fast path",
@@ -33,6 +35,6 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     script = BENCH_DIR / f"{args.name}.py"
     if not script.is_file():
-        raise FileNotFoundError(f"{script} not found: the benchmarks run from a source checkout "
+        raise MissingFileError(f"{script} not found: the benchmarks run from a source checkout "
                                 "(git clone, then `make setup`), not from an installed wheel")
     return subprocess.call([sys.executable, str(script), *args.args], cwd=BENCH_DIR.parent)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from embedpool.app.settings import add_engine_args, from_args, load_embedder
+from embedpool.errors import InvalidError
 
 
 def register(sub) -> None:
@@ -34,7 +35,7 @@ def read_lines(stream) -> list[str]:
                 obj = None
             if isinstance(obj, dict):
                 if not isinstance(obj.get("text"), str):
-                    raise ValueError(f"line {n}: a JSON line needs a string 'text' field")
+                    raise InvalidError(f"line {n}: a JSON line needs a string 'text' field")
                 texts.append(obj["text"])
                 continue
         texts.append(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from embedpool.app.cli import UsageError
 from embedpool.app.settings import add_engine_args, from_args, load_embedder
 
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             report = ev.evaluate_retrieval(embedder, data, args.poolers, **common)
         else:
             if args.max_docs:
-                raise ValueError("--max-docs does not apply to --synthetic-long; use --max-queries")
+                raise UsageError("--max-docs does not apply to --synthetic-long; use --max-queries")
             report = ev.evaluate_synthetic_long(
                 embedder, data, args.poolers, args.distractors,
                 n_queries=args.max_queries if args.max_queries is not None else 100, seed=args.seed,

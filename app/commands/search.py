@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from embedpool.app.cli import UsageError
 from embedpool.app.settings import add_engine_args, add_storage_args, from_args, load_embedder
 
 
@@ -41,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
             from embedpool.poolers.encoder import resolve_model
 
             if resolve_model(args.model)[0] != spec.model:
-                raise ValueError(f"collection {args.collection!r} was made with model {spec.model!r}, "
+                raise UsageError(f"collection {args.collection!r} was made with model {spec.model!r}, "
                                  f"not {args.model!r}; leave --model out to use the collection's model")
         embedder = load_embedder(from_args(args, model=spec.model))
         comp = None
         specs = [spec.pooler]
         if spec.kind == "multi" and args.mode == "two_stage":
             if not spec.companion:
-                raise ValueError(f"collection {args.collection!r} has no companion collection for two_stage; "
+                raise UsageError(f"collection {args.collection!r} has no companion collection for two_stage; "
                                  "use --mode exhaustive or tokens")
             comp = open_collection(settings.data_dir, spec.companion, **settings.store())
             specs.append(comp.spec.pooler)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from embedpool.app.cli import UsageError
 from embedpool.app.settings import add_engine_args, from_args, load_embedder
+from embedpool.errors import InvalidError
 
 
 def register(sub) -> None:
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         objective = "cosent"
     else:
         if args.self_supervised != "ict":
-            raise ValueError("--corpus needs --self-supervised ict")
+            raise UsageError("--corpus needs --self-supervised ict")
         # documents as retrieval evaluation reads them (title + " " + text, file order): their
         # token states are one cache shared with the evaluation
         docs = [((d.get("title") or "") + " " + (d.get("text") or "")).strip()
@@ -105,15 +107,15 @@ def run(args: argparse.Namespace) -> int:
     dev_pairs, dev_scores = None, None
     if args.dev_split:
         if args.dev_split == "test":
-            raise ValueError("--dev-split test: early stopping must not look at the test split")
+            raise UsageError("--dev-split test: early stopping must not look at the test split")
         if args.data:
             dev_pairs = beir_pairs(Path(args.data), args.dev_split)
         elif args.sts:
             dev_pairs, dev_scores = sts_pairs(Path(args.sts), args.dev_split)
         else:
-            raise ValueError("--dev-split needs --data or --sts")
+            raise UsageError("--dev-split needs --data or --sts")
     if len(pairs) < 4:
-        raise ValueError(f"only {len(pairs)} training pairs found; need at least 4")
+        raise InvalidError(f"only {len(pairs)} training pairs found; need at least 4")
 
     settings = from_args(args)
     embedder = load_embedder(settings)
