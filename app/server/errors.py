@@ -1,6 +1,11 @@
-"""The one error taxonomy of the HTTP service, and the one place that maps errors to responses.
+"""How the HTTP service reports errors: every exception becomes one response, in one place.
 
-Every error response has the body ``{"error": message, "type": kind}``; routes under ``/v1/``
+The status and the ``type`` string come from the kind of the error, through the one table of
+:mod:`embedpool.errors` (``TABLE``); this module adds nothing to it but what only HTTP has: an
+unknown route (404), a known route with the wrong method (405), a client that closed the
+connection before its answer was ready (499), and FastAPI's own request validation (422).
+
+Every error response has the body ``{"error": message, "type": type}``; routes under ``/v1/``
 (the OpenAI-compatible API) answer OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` instead, with the same status code.
 
@@ -15,9 +20,14 @@ status     type                 when
                                 ``max_client_batch`` inputs; an input over ``max_input_chars``
 422        validation_error     a field is missing, of the wrong type or out of range
 429        overloaded           the queue is full (``Retry-After`` says when to retry)
-503        not_ready            the model is still loading (or failed to load)
+503        not_ready            the model is still loading (or failed to load); the storage
+                                backend is down
 500        internal_error       a bug: logged with its traceback
 =========  ===================  ==========================================================
+
+An unexpected exception is answered here too (:class:`CatchAll`), not left to the server: an
+exception that escapes the app makes uvicorn close the connection after the 500, and the
+client's next request on that keep-alive connection fails.
 """
 
 from __future__ import annotations
@@ -28,120 +38,155 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from embedpool import index
-from embedpool.app.batcher import Overloaded, Stopped
+from embedpool.app.server import schemas
+from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
 
 log = logging.getLogger("embedpool.server")
 
 
-class APIError(StarletteHTTPException):
-    """An error with a status, a kind and a message meant for the client.
+class APIError(EmbedpoolError, StarletteHTTPException):
+    """An error raised by the HTTP layer itself, with a kind and a message meant for the client.
 
-    (A Starlette ``HTTPException`` so that FastAPI re-raises it unchanged when it is raised
-    while the request body is read.)"""
+    Its status and type are its kind's in ``TABLE``; only the HTTP-only errors below
+    (:class:`MethodNotAllowed`, :class:`ClientClosed`) set :attr:`http_status` and
+    :attr:`http_type` instead. (A Starlette ``HTTPException`` too, so that FastAPI re-raises it
+    unchanged when it is raised while the request body is read.)
+    """
 
-    status = 500
-    kind = "internal_error"
+    kind = Kind.INTERNAL
+    http_status: int | None = None
+    http_type: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(self.status, message, headers)
-        self.message = message
-        self.param = param
+                 headers: dict[str, str] | None = None, kind: Kind | None = None,
+                 retry_after: int | None = None) -> None:
+        if kind is not None:
+            self.kind = kind
+        headers = dict(headers or {})
+        if retry_after is not None:
+            headers.setdefault("Retry-After", str(retry_after))
+        StarletteHTTPException.__init__(self, self.status, message, headers or None)
+        self.message, self.param, self.retry_after = message, param, retry_after
+
+    @property
+    def status(self) -> int:
+        return self.http_status or TABLE[self.kind].status
+
+    @property
+    def type(self) -> str:
+        return self.http_type or TABLE[self.kind].type
+
+    @classmethod
+    def of(cls, exc: EmbedpoolError) -> "APIError":
+        """The response of any :class:`EmbedpoolError` (index, poolers, batcher, ...)."""
+        return cls(exc.message, param=exc.param, kind=exc.kind, retry_after=exc.retry_after)
 
 
 class Unauthorized(APIError):
-    status, kind = 401, "unauthorized"
+    kind = Kind.UNAUTHORIZED
 
 
 class NotFound(APIError):
-    status, kind = 404, "not_found"
-
-
-class MethodNotAllowed(APIError):
-    status, kind = 405, "method_not_allowed"
+    kind = Kind.NOT_FOUND
 
 
 class Conflict(APIError):
-    status, kind = 409, "conflict"
+    kind = Kind.CONFLICT
 
 
 class PayloadTooLarge(APIError):
-    status, kind = 413, "payload_too_large"
+    kind = Kind.TOO_LARGE
 
 
 class Invalid(APIError):
-    status, kind = 422, "validation_error"
+    kind = Kind.INVALID
 
 
 class TooManyRequests(APIError):
-    status, kind = 429, "overloaded"
+    kind = Kind.OVERLOADED
 
 
 class NotReady(APIError):
-    status, kind = 503, "not_ready"
-
-
-class ClientClosed(APIError):
-    """The client went away before its answer was ready (nginx's 499; nobody reads it)."""
-
-    status, kind = 499, "client_closed"
+    kind = Kind.UNAVAILABLE
 
 
 class Internal(APIError):
-    status, kind = 500, "internal_error"
+    kind = Kind.INTERNAL
+
+
+class MethodNotAllowed(APIError):
+    """HTTP only: a known route asked with the wrong method."""
+
+    kind = Kind.INVALID
+    http_status, http_type = 405, "method_not_allowed"
+
+
+class ClientClosed(APIError):
+    """HTTP only: the client went away before its answer was ready (nginx's 499; nobody reads it)."""
+
+    kind = Kind.INVALID
+    http_status, http_type = 499, "client_closed"
+
+
+#: The errors whose status is not their kind's (everything else follows ``TABLE``).
+HTTP_ONLY: tuple[type[APIError], ...] = (MethodNotAllowed, ClientClosed)
+
+_KIND_OF_STATUS = {o.status: k for k, o in TABLE.items()}
+
+INTERNAL_MESSAGE = "internal server error (a bug); the server log has the details"
 
 
 # ---------------------------------------------------------------------- mapping
 def from_exception(exc: BaseException) -> APIError:
-    """Map any exception to an :class:`APIError` (the whole taxonomy in one function)."""
+    """Map any exception to an :class:`APIError` (the whole mapping in one function)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, RequestValidationError):
         message, field = _describe_validation(exc.errors())
         return Invalid(message, param=field)
-    if isinstance(exc, StarletteHTTPException):
-        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
-            return NotFound("no such route; see /docs for the API", headers=exc.headers)
-        if exc.status_code == 405:
-            return MethodNotAllowed(f"method not allowed on this route; see /docs ({detail})",
-                                    headers=exc.headers)
-        if exc.status_code == 413:
-            return PayloadTooLarge(detail)
-        if exc.status_code == 400:  # FastAPI: body that is not decodable
-            return Invalid("the request body could not be parsed: send UTF-8 JSON "
-                           "with 'Content-Type: application/json'", param="body")
-        cls = {401: Unauthorized, 409: Conflict, 422: Invalid, 429: TooManyRequests,
-               503: NotReady}.get(exc.status_code, Internal)
-        return cls(detail, headers=exc.headers)
-    if isinstance(exc, Overloaded):
-        return TooManyRequests(str(exc), headers={"Retry-After": str(exc.retry_after)})
-    if isinstance(exc, Stopped):
-        return NotReady(str(exc), headers={"Retry-After": "5"})
-    # index errors (all ValueErrors): order matters, most specific first
-    if isinstance(exc, index.NotFoundError):
-        return NotFound(str(exc))
-    if isinstance(exc, (index.SpecMismatchError, index.CollectionLockedError,
-                        index.NotACollectionError, index.FormatVersionError)):
-        return Conflict(str(exc))
-    if isinstance(exc, index.CorruptCollectionError):
-        return Internal(str(exc))
-    if isinstance(exc, ValueError):  # pooler specs, dimensions, index input ... (a TypeError is a bug)
-        return Invalid(str(exc))
-    return Internal("internal server error; the server log has the details")
+    if isinstance(exc, StarletteHTTPException):  # raised by Starlette/FastAPI themselves
+        return _from_http(exc)
+    if isinstance(exc, EmbedpoolError):
+        return APIError.of(exc)
+    kind = kind_of(exc)
+    if kind is Kind.INTERNAL:
+        return Internal(INTERNAL_MESSAGE)
+    return APIError(f"{exc}", kind=kind)
+
+
+def _from_http(exc: StarletteHTTPException) -> APIError:
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404:
+        return NotFound("no such route; see /docs for the API", headers=exc.headers)
+    if exc.status_code == 405:
+        return MethodNotAllowed(f"method not allowed on this route; see /docs ({detail})", headers=exc.headers)
+    if exc.status_code == 400:  # FastAPI: body that is not decodable
+        return Invalid("the request body could not be parsed: send UTF-8 JSON "
+                       "with 'Content-Type: application/json'", param="body")
+    return APIError(detail, headers=exc.headers, kind=_KIND_OF_STATUS.get(exc.status_code, Kind.INTERNAL))
+
+
+_LOCATIONS = ("body", "query", "path", "header", "cookie")  # FastAPI's first element of a loc
+# pydantic names union members ("str", "list[str]", a model's class name); they do not help the client
+_UNION_TAGS = ("str", "int", "bool", "float", "list", "dict")
+_UNION_PREFIXES = ("list[", "function-", "tagged-union", "json-or-python")
+_MODELS = frozenset(name for name, obj in vars(schemas).items()
+                    if isinstance(obj, type) and issubclass(obj, BaseModel))
 
 
 def _loc(loc: tuple | list) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    # pydantic names union members ("str", "list[str]"); they do not help the client
-    parts = [p for p in parts if not (p in ("str", "int", "bool", "float", "list", "dict")
-                                      or p.startswith(("list[", "function-", "tagged-union", "json-or-python")))]
+    """``inputs[1]``, ``documents[0].text``, ``body[0].id`` (a body that is a list)."""
+    items = list(loc)[1:] if loc and loc[0] in _LOCATIONS else list(loc)
     out = ""
-    for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    for p in items:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not (p in _UNION_TAGS or p in _MODELS or str(p).startswith(_UNION_PREFIXES)):
+            out += f".{p}" if out else str(p)
     if out.startswith("["):  # an item of a body that is a list
         out = "body" + out
     return out or "body"
@@ -151,7 +196,12 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str]:
     """One readable sentence per failing field: where, what is wrong, what to send instead.
 
     The members of a union (``str | list[str]``) each report an error; they are merged into one
-    sentence per field, and a field whose list items have errors reports those items only."""
+    sentence per field, and a field whose list items have errors reports those items only. When
+    a value had the right shape but was refused (our validators, a string that is not valid
+    Unicode), the other union members' type mismatches ("Input should be a valid list") do not
+    apply and are left out."""
+    if any(e.get("type") in ("value_error", "string_unicode") for e in errors):
+        errors = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
     by_field: dict[str, list[str]] = {}
     for e in errors:
         kind = e.get("type", "")
@@ -166,6 +216,8 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str]:
             msg = "unknown field; remove it (see /docs for the fields of this route)"
         elif kind == "value_error":  # our own validators: the message says it all
             msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        elif kind == "string_unicode":  # pydantic's own check, for strings with constraints
+            msg = "not valid Unicode (a lone surrogate such as \\ud800); send UTF-8 text"
         else:
             msg = str(e.get("msg", "invalid value"))
             got = e.get("input")
@@ -191,16 +243,16 @@ def _describe_validation(errors: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------- rendering
-_OPENAI_TYPES = {
-    "validation_error": "invalid_request_error",
-    "payload_too_large": "invalid_request_error",
-    "not_found": "invalid_request_error",
-    "method_not_allowed": "invalid_request_error",
-    "conflict": "invalid_request_error",
-    "unauthorized": "authentication_error",
-    "overloaded": "rate_limit_error",
-    "not_ready": "server_error",
-    "internal_error": "server_error",
+#: OpenAI's error ``type`` of each kind (its ``code`` is our type string).
+OPENAI_TYPES: dict[Kind, str] = {
+    Kind.INVALID: "invalid_request_error",
+    Kind.TOO_LARGE: "invalid_request_error",
+    Kind.NOT_FOUND: "invalid_request_error",
+    Kind.CONFLICT: "invalid_request_error",
+    Kind.UNAUTHORIZED: "authentication_error",
+    Kind.OVERLOADED: "rate_limit_error",
+    Kind.UNAVAILABLE: "server_error",
+    Kind.INTERNAL: "server_error",
 }
 
 
@@ -210,24 +262,67 @@ def render(path: str, err: APIError) -> JSONResponse:
     if err.status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
     if path.startswith("/v1/"):
-        body: dict[str, Any] = {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.kind, err.kind),
-                                          "param": err.param, "code": err.kind}}
+        body: dict[str, Any] = {"error": {"message": err.message, "type": OPENAI_TYPES[err.kind],
+                                          "param": err.param, "code": err.type}}
     else:
-        body = {"error": err.message, "type": err.kind}
+        body = {"error": err.message, "type": err.type}
     return JSONResponse(body, status_code=err.status, headers=headers)
 
 
+def _log(method: str, path: str, exc: BaseException, err: APIError) -> None:
+    if err.status < 500 or isinstance(exc, APIError):
+        return
+    if isinstance(exc, EmbedpoolError) and exc.kind is not Kind.INTERNAL:
+        log.warning("%s %s: %s", method, path, exc)  # e.g. the storage backend is down
+    else:
+        log.error("unhandled error on %s %s", method, path, exc_info=exc)
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    err = from_exception(exc)
+    _log(request.method, request.url.path, exc, err)
+    return render(request.url.path, err)
+
+
+class CatchAll:
+    """Answers an exception that no handler took (a bug) with the 500 of :func:`render`.
+
+    Starlette's own last-resort handler re-raises the exception after answering, and uvicorn
+    then closes the connection; answering here keeps the client's keep-alive connection usable.
+    An exception after the response has started cannot be answered and is re-raised."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception as exc:
+            if started:
+                raise
+            err = from_exception(exc)
+            _log(scope.get("method", ""), scope.get("path", ""), exc, err)
+            await render(scope.get("path", ""), err)(scope, receive, send)
+
+
 def install(app: FastAPI) -> None:
-    """Register the handlers that turn every exception into the taxonomy above."""
+    """Register the handlers that turn every exception into a response of the table above.
 
-    async def handle(request: Request, exc: Exception) -> JSONResponse:
-        err = from_exception(exc)
-        if err.status >= 500 and not isinstance(exc, APIError):
-            log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return render(request.url.path, err)
-
-    # Expected errors are handled inside the app; ``Exception`` (a bug) by the outermost
-    # middleware, which also logs it.
-    for cls in (RequestValidationError, StarletteHTTPException, ValueError,
-                Overloaded, Stopped, Exception):
-        app.add_exception_handler(cls, handle)
+    Call it before adding other middleware: :class:`CatchAll` then sits inside them, so the
+    metrics middleware counts the 500 it answers."""
+    for cls in (RequestValidationError, StarletteHTTPException, EmbedpoolError):
+        app.add_exception_handler(cls, _handle)
+    app.add_middleware(CatchAll)
+    # A bug in a middleware outside CatchAll still gets a JSON 500 (from Starlette's last resort).
+    app.add_exception_handler(Exception, _handle)

@@ -4,7 +4,50 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+
+def _unicode(value: str) -> str:
+    """Refuse a string that is not valid Unicode: JSON's ``\\ud800`` escape (a lone surrogate)
+    decodes to one, and no tokenizer, store or JSON encoder downstream can take it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode: a lone surrogate {value[e.start]!r} at character {e.start}; "
+                         "send UTF-8 text (a \\uXXXX escape outside the BMP needs both halves of its "
+                         "surrogate pair)") from None
+    return value
+
+
+def _unicode_tree(value: Any, where: str = "") -> Any:
+    """:func:`_unicode` for every key and string of a JSON value (metadata)."""
+    if isinstance(value, str):
+        try:
+            return _unicode(value)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}" if where else str(e)) from None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _unicode_tree(k, f"{where} key {k!r}".strip())
+            _unicode_tree(v, f"{where}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _unicode_tree(v, f"{where}[{i}]")
+    return value
+
+
+#: A text field: a JSON string that is valid Unicode.
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 Role = Literal["query", "document"]
 PoolerSpec = Annotated[StrictStr, Field(min_length=1, max_length=256,
@@ -21,7 +64,7 @@ class Strict(BaseModel):
 
 # ---------------------------------------------------------------------- /embed
 class EmbedRequest(Strict):
-    inputs: StrictStr | list[StrictStr] = Field(
+    inputs: Text | list[Text] = Field(
         ..., description="a text or a list of texts", examples=[["A sentence to embed.", "Another one."]])
     pooler: PoolerSpec | None = Field(None, description="one pooler spec (default: the server's)")
     poolers: list[PoolerSpec] | None = Field(
@@ -76,7 +119,7 @@ class OpenAIEmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input: StrictStr | list[StrictStr] = Field(..., description="a text or a list of texts (token arrays are not supported)")
+    input: Text | list[Text] = Field(..., description="a text or a list of texts (token arrays are not supported)")
     model: StrictStr | None = Field(None, description="accepted for compatibility; the server's model is used")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
@@ -155,9 +198,14 @@ class Deleted(BaseModel):
 
 
 class DocumentIn(Strict):
-    id: StrictStr = Field(..., min_length=1, max_length=512)
-    text: StrictStr
+    id: Text = Field(..., min_length=1, max_length=512)
+    text: Text
     metadata: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_unicode(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _unicode_tree(v)
 
 
 class DocumentsIn(Strict):
@@ -178,8 +226,8 @@ class DocumentOut(BaseModel):
 
 
 class SearchRequest(Strict):
-    query: StrictStr | None = Field(None, description="one query (answer: `hits`)")
-    queries: list[StrictStr] | None = Field(None, min_length=1, description="several queries (answer: `results`)")
+    query: Text | None = Field(None, description="one query (answer: `hits`)")
+    queries: list[Text] | None = Field(None, min_length=1, description="several queries (answer: `results`)")
     k: StrictInt = Field(10, ge=1, le=1000)
     mode: Literal["exhaustive", "tokens", "two_stage"] = Field(
         "exhaustive", description="multi-vector collections: exact MaxSim, token-ANN candidates, or "

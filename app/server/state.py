@@ -18,6 +18,7 @@ from embedpool.app.batcher import Batcher, EmbedOutput
 from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
+from embedpool.errors import InvalidError, NotFoundError
 
 log = logging.getLogger("embedpool.server")
 
@@ -109,7 +110,7 @@ class Engine:
             if not trusted:
                 self._check_options(name, opts)
             p = embedder.pooler(spec)
-        except (ValueError, TypeError, OSError) as exc:
+        except (InvalidError, NotFoundError, OSError) as exc:  # a weights path: missing, unreadable
             raise Invalid(f"{field}: {exc}", param=field) from None
         return p.spec, bool(p.multi_vector)
 
@@ -119,7 +120,7 @@ class Engine:
         if "weights" in opts and not self.settings.allow_pooler_paths:
             allowed = parse_spec(self.settings.pooler)[1].get("weights")
             if opts["weights"] != allowed:
-                raise ValueError("loading pooler weights from a path named in a request is disabled; "
+                raise InvalidError("loading pooler weights from a path named in a request is disabled; "
                                  "set the server's default pooler (EMBEDPOOL_POOLER) to that head, or "
                                  "start it with EMBEDPOOL_ALLOW_POOLER_PATHS=true")
         for key, raw in opts.items():
@@ -128,13 +129,13 @@ class Engine:
             except ValueError:
                 continue
             if not math.isfinite(value) or abs(value) > MAX_INT_OPTION:
-                raise ValueError(f"pooler {name!r}: option {key}={raw} is out of range "
+                raise InvalidError(f"pooler {name!r}: option {key}={raw} is out of range "
                                  f"(use a finite value of at most {MAX_INT_OPTION})")
 
     def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> None:
         try:
             self.require().check_dimensions(dimensions)
-        except (ValueError, TypeError) as exc:
+        except InvalidError as exc:
             raise Invalid(f"{field}: {exc}", param=field) from None
 
     # ------------------------------------------------------------------ embedding
