@@ -40,9 +40,17 @@ def _trained_head(dim: int, seed: int = 0, roles: str = "shared", **kw) -> Atten
     return head.eval()
 
 
+_STATES: dict = {}
+
+
 def _pooled(pooler: Pooler, encoder, role: str = "document") -> list[torch.Tensor]:
+    """``pooler`` on the token states of TEXTS (encoded once per plan and role: the model is
+    frozen, so two poolers compared on one plan see the very same states)."""
+    key = (pooler.plan, role)
+    if key not in _STATES:
+        _STATES[key] = list(encoder.encode(TEXTS, pooler.plan, role=role))
     out: list = [None] * len(TEXTS)
-    for ids, states in encoder.encode(TEXTS, pooler.plan, role=role):
+    for ids, states in _STATES[key]:
         pooled = pooler.pool_role(states, role)
         for j, i in enumerate(ids):
             out[i] = pooled[j]
