@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedpool.app.server import schemas
+from embedpool import errors
 from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
 
 log = logging.getLogger("embedpool.server")
@@ -57,7 +58,6 @@ class APIError(EmbedpoolError, StarletteHTTPException):
     unchanged when it is raised while the request body is read.)
     """
 
-    kind = Kind.INTERNAL
     http_status: int | None = None
     http_type: str | None = None
 
@@ -86,36 +86,37 @@ class APIError(EmbedpoolError, StarletteHTTPException):
         return cls(exc.message, param=exc.param, kind=exc.kind, retry_after=exc.retry_after)
 
 
-class Unauthorized(APIError):
-    kind = Kind.UNAUTHORIZED
+# The HTTP layer's own errors, one per kind: each is also that kind's class of embedpool.errors.
+class Unauthorized(APIError, errors.UnauthorizedError):
+    """No or a wrong API key."""
 
 
-class NotFound(APIError):
-    kind = Kind.NOT_FOUND
+class NotFound(APIError, errors.NotFoundError):
+    """No such route."""
 
 
-class Conflict(APIError):
-    kind = Kind.CONFLICT
+class Conflict(APIError, errors.ConflictError):
+    """A collection made by another model."""
 
 
-class PayloadTooLarge(APIError):
-    kind = Kind.TOO_LARGE
+class PayloadTooLarge(APIError, errors.TooLargeError):
+    """A body, a batch or an input over its limit."""
 
 
-class Invalid(APIError):
-    kind = Kind.INVALID
+class Invalid(APIError, errors.InvalidError):
+    """A field the client must change."""
 
 
-class TooManyRequests(APIError):
-    kind = Kind.OVERLOADED
+class TooManyRequests(APIError, errors.OverloadedError):
+    """The queue is full."""
 
 
-class NotReady(APIError):
-    kind = Kind.UNAVAILABLE
+class NotReady(APIError, errors.UnavailableError):
+    """The model is loading or failed to load."""
 
 
-class Internal(APIError):
-    kind = Kind.INTERNAL
+class Internal(APIError, errors.InternalError):
+    """A bug."""
 
 
 class MethodNotAllowed(APIError):
