@@ -3,6 +3,7 @@ then post-processing (Matryoshka ``dimensions``, normalization)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -97,6 +98,7 @@ class Embedder:
         dimensions: int | None = None,
         truncate: bool = True,
         on_batch: Callable[[int, int], None] | None = None,
+        on_pool: Callable[[str, float], None] | None = None,
     ) -> EmbedResult:
         """Embed ``texts`` with every pooler in ``poolers`` from one forward pass per plan.
 
@@ -109,6 +111,9 @@ class Embedder:
             truncate: cut inputs at the model's window (standard plan); ``False`` raises on
                 an over-long input instead. The landmark plan windows and never truncates.
             on_batch: called with ``(texts_done, tokens)`` after each forward batch.
+            on_pool: called with ``(spec, seconds)`` after each pooler has pooled (and
+                post-processed) a forward batch: the pooler's own time, apart from the forward
+                pass its plan shares with the other poolers of the call.
         """
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
@@ -128,9 +133,12 @@ class Embedder:
         for plan, specs in by_plan.items():
             for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate):
                 for spec in specs:
+                    t0 = time.perf_counter()
                     pooled = built[spec].pool_role(states, role)
                     for j, i in enumerate(text_ids):
                         out[spec][i] = postprocess(pooled[j], normalize, dimensions).numpy().astype(np.float32, copy=False)
+                    if on_pool:
+                        on_pool(spec, time.perf_counter() - t0)
                 if on_batch:
                     on_batch(len(text_ids), int(states.attention_mask.sum()))
         return EmbedResult(

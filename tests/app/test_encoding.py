@@ -1,0 +1,35 @@
+"""Per-pooler timings of the index job and the evaluation (``app.encoding.embed_by_plan``) come
+from ``Embedder.embed``'s ``on_pool`` callback, so every pooler's own time is counted -- also
+the role-aware ones the pipeline calls through ``pool_role`` (attention, cluster queries), whose
+time a wrapper around ``pool`` never saw."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedpool.app.encoding import embed_by_plan
+from embedpool.poolers.base import REGISTRY
+
+TEXTS = ["A cat sat on the mat.", "Stock markets fell sharply as investors sold shares.",
+         "Heavy rain and storms are forecast for the weekend, " * 6]
+
+
+@pytest.mark.parametrize("role", ["query", "document"])
+def test_every_pooler_reports_its_own_pooling_time(embedder, role):
+    specs = sorted(REGISTRY)  # attention, cls, cluster, landmark, max, mean, tokens
+    calls: list[tuple[str, float]] = []
+    res = embedder.embed(TEXTS, specs, role=role, on_pool=lambda s, sec: calls.append((s, sec)))
+    assert {s for s, _ in calls} == set(specs) and all(sec > 0 for _, sec in calls)
+    assert all(len(res.vectors[s]) == len(TEXTS) for s in specs)
+
+    timed = embed_by_plan(embedder, TEXTS, specs, role)
+    for s in specs:
+        assert timed.pooling[s] > 0, f"{s}: no pooling time reported ({role})"
+        assert timed.seconds[s] == pytest.approx(timed.forward[s] + timed.pooling[s])
+    # the poolers of a plan share one forward pass: its time is the same for each of them
+    standard = [s for s in specs if embedder.pooler(s).plan == embedder.pooler("mean").plan]
+    assert len({timed.forward[s] for s in standard}) == 1 and len(standard) == 6
+    # what a caller gets is what Embedder.embed gives
+    for s in specs:
+        for a, b in zip(timed.vectors[s], res.vectors[s]):
+            assert a.shape == b.shape and abs(a - b).max() < 1e-5
