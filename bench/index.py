@@ -67,6 +67,7 @@ if THREADS > 0:
 
 import numpy as np  # noqa: E402
 
+from embedpool.app.tables import render_table  # noqa: E402
 from embedpool.index import Collection, CollectionSpec, delete_collection, open_collection  # noqa: E402
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
@@ -307,9 +308,9 @@ def print_scifact(out: dict) -> None:
           f"latency: one query per call, ms (exhaustive over the first {out['latency_queries']} queries)")
     print(f"mean-pooled single vector (companion): nDCG@10 {out['mean_single_vector']['ndcg@10']}, "
           f"{out['mean_single_vector']['bytes_per_doc']} B/doc\n")
-    print(md_table(["pooler", "precision", "vectors", "vec/doc", "B/doc", "exhaustive nDCG@10",
-                    "exhaustive p50 / p99"] + [f"two_stage N={n} nDCG / p50 / p99" for n in CANDIDATES],
-                   [_scifact_cells(r) for r in out["configs"]]))
+    print(render_table(["pooler", "precision", "vectors", "vec/doc", "B/doc", "exhaustive nDCG@10",
+                        "exhaustive p50 / p99"] + [f"two_stage N={n} nDCG / p50 / p99" for n in CANDIDATES],
+                       [[str(c) for c in _scifact_cells(r)] for r in out["configs"]], markdown=True))
     t = out["targets"]
     print(f"\ntarget two_stage >= 10x faster at >= 99% of exhaustive nDCG@10: "
           f"{'MET' if t['two_stage_10x_at_99pct']['met'] else 'NOT MET'}")
@@ -392,6 +393,105 @@ def _cache_only(cache) -> None:
     cache.embedder = refuse
 
 
+def _milvus_single(colls: dict, root: Path, kw: dict, sf, q_mean: np.ndarray, mean_docs: np.ndarray,
+                   log) -> dict:
+    """Mean-pooled single vectors in FAISS ``IDMap2,Flat`` and Milvus ``FLAT``, side by side
+    (the collections stay open in ``colls``: they are the multi-vector part's companions)."""
+    qids = sf.query_ids
+    spec = CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384)
+    out: dict = {}
+    for backend in ("faiss", "milvus"):
+        t0 = time.perf_counter()
+        coll = colls[backend] = open_collection(root, "bench-mean", spec, **kw[backend])
+        t_open = time.perf_counter() - t0
+        t_add = _add_all(coll, sf.doc_ids, mean_docs, 500)
+        coll.search(q_mean[:2], k=10)  # warm-up
+        hits, lat = _lat(lambda i: coll.search(q_mean[i:i + 1], k=10)[0], len(qids))
+        t0 = time.perf_counter()
+        batched = coll.search(q_mean, k=10)
+        t_batch = time.perf_counter() - t0
+        out[backend] = {
+            "index": "IDMap2,Flat" if backend == "faiss" else "FLAT",
+            "ndcg@10": ndcg10(sf.qrels, dict(zip(qids, hits))),
+            "vectors": len(sf.doc_ids), "open_s": round(t_open, 2), "add_s": round(t_add, 2),
+            "add_vectors_per_s": round(len(sf.doc_ids) / t_add, 1),
+            "per_query_k10": pct(lat),
+            "batch_all_queries_ms_per_query": round(1000 * t_batch / len(qids), 3),
+            "top10": [[h.id for h in r] for r in batched]}
+        r = out[backend]
+        log(f"{backend} single: nDCG@10 {r['ndcg@10']}, add {t_add:.1f} s, "
+            f"p50 {r['per_query_k10']['p50_ms']} ms, p99 {r['per_query_k10']['p99_ms']} ms")
+    f, m = out["faiss"], out["milvus"]
+    out["ndcg_diff"] = round(m["ndcg@10"] - f["ndcg@10"], 4)
+    out["same_top10_queries"] = sum(a == b for a, b in zip(f.pop("top10"), m.pop("top10")))
+    out["target_equal_within_0.002"] = abs(out["ndcg_diff"]) <= 0.002
+    return out
+
+
+def _milvus_multi_backend(coll, vecs, colls: dict, backend: str, other: str, sf, q_tokens, q_mean,
+                          nq: int, nl: int, candidates: int, log) -> dict:
+    """One backend's multi-vector collection: exhaustive MaxSim, then two_stage with the
+    companion in the same and in the other backend."""
+    qids = sf.query_ids
+    sub = {qq: sf.qrels[qq] for qq in qids[:nq]}
+    t_add = _add_all(coll, sf.doc_ids, vecs, 250)
+    n_vec = coll.stats()["vectors"]
+    row = {"vectors": n_vec, "add_s": round(t_add, 2), "add_vectors_per_s": round(n_vec / t_add, 1)}
+    t0 = time.perf_counter()
+    ex = {}
+    for s0 in range(0, nq, 100):  # exact MaxSim over every document, 100 queries a call
+        ex.update(zip(qids[s0:min(s0 + 100, nq)], coll.search(q_tokens[s0:min(s0 + 100, nq)], k=10)))
+    row["exhaustive"] = {"ndcg@10": ndcg10(sub, ex),
+                         "ms_per_query_batched": round(1000 * (time.perf_counter() - t0) / nq, 1)}
+    for comp_backend in (backend, other):
+        comp = colls[comp_backend]
+
+        def two_stage(a: int, b: int, comp=comp) -> list[list]:
+            return coll.search(q_tokens[a:b], k=10, mode="two_stage", candidates=candidates,
+                               companion=comp, companion_queries=q_mean[a:b])
+
+        two_stage(0, 1)  # warm-up
+        hits = [h for s0 in range(0, nq, 25) for h in two_stage(s0, min(s0 + 25, nq))]
+        _, lat = _lat(lambda i: two_stage(i, i + 1), nl)
+        t = row[f"two_stage_companion_{comp_backend}"] = {
+            "ndcg@10": ndcg10(sub, dict(zip(qids, hits))), **pct(lat), "top10": [[h.id for h in r] for r in hits]}
+        log(f"{backend} multi, two_stage with {comp_backend} companion: nDCG@10 {t['ndcg@10']}, "
+            f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
+    log(f"{backend} multi: {n_vec:,} vectors, add {t_add:.1f} s, exhaustive nDCG@10 {row['exhaustive']['ndcg@10']}")
+    return row
+
+
+def _milvus_multi(colls: dict, root: Path, kw: dict, sf, vecs, q_tokens, q_mean, multi_pooler: str,
+                  multi_queries: int | None, candidates: int, latency_queries: int, log,
+                  keep_server_clean: bool) -> dict:
+    """Multi-vector collections (one row per vector in Milvus; candidates from the backend,
+    exact MaxSim in embedpool) on both backends, and how far they agree."""
+    qids = sf.query_ids
+    mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion="bench-mean")
+    nq = len(qids) if multi_queries is None else min(multi_queries, len(qids))
+    nl = min(latency_queries, nq)
+    multi = {"pooler": multi_pooler, "precision": "float32", "candidates": candidates, "queries": nq,
+             "latency_queries": nl}
+    for backend, other in (("faiss", "milvus"), ("milvus", "faiss")):
+        coll = open_collection(root, "bench-multi", mspec, **kw[backend])
+        try:
+            multi[backend] = _milvus_multi_backend(coll, vecs, colls, backend, other, sf, q_tokens, q_mean,
+                                                   nq, nl, candidates, log)
+        finally:
+            coll.close()
+            if backend == "milvus" and keep_server_clean:  # leave a server as we found it
+                delete_collection(root, "bench-multi", **kw[backend])
+    tops = [multi[b][f"two_stage_companion_{c}"].pop("top10") for b in ("faiss", "milvus")
+            for c in ("faiss", "milvus")]
+    multi["two_stage_ndcg_diff"] = round(multi["milvus"]["two_stage_companion_milvus"]["ndcg@10"]
+                                         - multi["faiss"]["two_stage_companion_faiss"]["ndcg@10"], 4)
+    multi["exhaustive_ndcg_diff"] = round(multi["milvus"]["exhaustive"]["ndcg@10"]
+                                          - multi["faiss"]["exhaustive"]["ndcg@10"], 4)
+    multi["two_stage_same_top10_queries_all_4_combinations"] = sum(
+        all(t[i] == tops[0][i] for t in tops) for i in range(nq))
+    return multi
+
+
 def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_token: str | None,
                  multi_pooler: str, multi_queries: int | None, candidates: int, latency_queries: int,
                  log=print, checkpoint=lambda out: None) -> dict:
@@ -402,96 +502,20 @@ def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_to
     ``checkpoint(out)`` after each part."""
     sf, cache, sd = _scifact(docs, 1)
     _cache_only(cache)
-    qids = sf.query_ids
     q = sd.scifact_queries(sf, cache)
     q_mean, q_tokens = np.stack(q["mean"]), q["tokens"]
     mean_docs = np.stack(sd.scifact_docs(sf, cache, ("mean",))["mean"])
     uri = milvus_uri or str(root / "milvus.db")
     kw = {"faiss": {}, "milvus": {"backend": "milvus", "milvus_uri": uri, "milvus_token": milvus_token}}
-    spec = CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384)
-    out = {"documents": len(sf.doc_ids), "queries": len(qids), "versions": _versions(),
-           "milvus_uri": "Milvus Lite (temp file)" if milvus_uri is None else milvus_uri, "single": {}}
-    colls = {}
+    out = {"documents": len(sf.doc_ids), "queries": len(sf.query_ids), "versions": _versions(),
+           "milvus_uri": "Milvus Lite (temp file)" if milvus_uri is None else milvus_uri}
+    colls: dict = {}
     try:
-        for backend in ("faiss", "milvus"):
-            t0 = time.perf_counter()
-            coll = colls[backend] = open_collection(root, "bench-mean", spec, **kw[backend])
-            t_open = time.perf_counter() - t0
-            t_add = _add_all(coll, sf.doc_ids, mean_docs, 500)
-            coll.search(q_mean[:2], k=10)  # warm-up
-            hits, lat = _lat(lambda i: coll.search(q_mean[i:i + 1], k=10)[0], len(qids))
-            t0 = time.perf_counter()
-            batched = coll.search(q_mean, k=10)
-            t_batch = time.perf_counter() - t0
-            out["single"][backend] = {
-                "index": "IDMap2,Flat" if backend == "faiss" else "FLAT",
-                "ndcg@10": ndcg10(sf.qrels, dict(zip(qids, hits))),
-                "vectors": len(sf.doc_ids), "open_s": round(t_open, 2), "add_s": round(t_add, 2),
-                "add_vectors_per_s": round(len(sf.doc_ids) / t_add, 1),
-                "per_query_k10": pct(lat),
-                "batch_all_queries_ms_per_query": round(1000 * t_batch / len(qids), 3),
-                "top10": [[h.id for h in r] for r in batched]}
-            s = out["single"][backend]
-            log(f"{backend} single: nDCG@10 {s['ndcg@10']}, add {t_add:.1f} s, "
-                f"p50 {s['per_query_k10']['p50_ms']} ms, p99 {s['per_query_k10']['p99_ms']} ms")
-        f, m = out["single"]["faiss"], out["single"]["milvus"]
-        out["single"]["ndcg_diff"] = round(m["ndcg@10"] - f["ndcg@10"], 4)
-        out["single"]["same_top10_queries"] = sum(a == b for a, b in zip(f.pop("top10"), m.pop("top10")))
-        out["single"]["target_equal_within_0.002"] = abs(out["single"]["ndcg_diff"]) <= 0.002
+        out["single"] = _milvus_single(colls, root, kw, sf, q_mean, mean_docs, log)
         checkpoint(out)
-
-        # multi-vector: one row per vector in Milvus; candidates from the backend, exact MaxSim
-        # in embedpool; two_stage with the companion in the same and in the other backend
         vecs = sd.scifact_docs(sf, cache, (multi_pooler,))[multi_pooler]
-        mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion="bench-mean")
-        nq = len(qids) if multi_queries is None else min(multi_queries, len(qids))
-        sub = {qq: sf.qrels[qq] for qq in qids[:nq]}
-        nl = min(latency_queries, nq)
-        multi = out["multi"] = {"pooler": multi_pooler, "precision": "float32", "candidates": candidates,
-                                "queries": nq, "latency_queries": nl}
-        for backend, other in (("faiss", "milvus"), ("milvus", "faiss")):
-            coll = open_collection(root, "bench-multi", mspec, **kw[backend])
-            try:
-                t_add = _add_all(coll, sf.doc_ids, vecs, 250)
-                n_vec = coll.stats()["vectors"]
-                row = multi[backend] = {"vectors": n_vec, "add_s": round(t_add, 2),
-                                        "add_vectors_per_s": round(n_vec / t_add, 1)}
-                t0 = time.perf_counter()
-                ex = {}
-                for s0 in range(0, nq, 100):  # exact MaxSim over every document, 100 queries a call
-                    ex.update(zip(qids[s0:min(s0 + 100, nq)], coll.search(q_tokens[s0:min(s0 + 100, nq)], k=10)))
-                row["exhaustive"] = {"ndcg@10": ndcg10(sub, ex),
-                                     "ms_per_query_batched": round(1000 * (time.perf_counter() - t0) / nq, 1)}
-                for comp_backend in (backend, other):
-                    comp = colls[comp_backend]
-
-                    def two_stage(a: int, b: int, comp=comp) -> list[list]:
-                        return coll.search(q_tokens[a:b], k=10, mode="two_stage", candidates=candidates,
-                                           companion=comp, companion_queries=q_mean[a:b])
-
-                    two_stage(0, 1)  # warm-up
-                    hits = [h for s0 in range(0, nq, 25) for h in two_stage(s0, min(s0 + 25, nq))]
-                    _, lat = _lat(lambda i: two_stage(i, i + 1), nl)
-                    row[f"two_stage_companion_{comp_backend}"] = {
-                        "ndcg@10": ndcg10(sub, dict(zip(qids, hits))), **pct(lat),
-                        "top10": [[h.id for h in r] for r in hits]}
-                    t = row[f"two_stage_companion_{comp_backend}"]
-                    log(f"{backend} multi, two_stage with {comp_backend} companion: nDCG@10 {t['ndcg@10']}, "
-                        f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
-                log(f"{backend} multi: {n_vec:,} vectors, add {t_add:.1f} s, exhaustive nDCG@10 "
-                    f"{row['exhaustive']['ndcg@10']}")
-            finally:
-                coll.close()
-                if backend == "milvus" and milvus_uri is not None:  # leave a server as we found it
-                    delete_collection(root, "bench-multi", **kw[backend])
-        tops = [multi[b][f"two_stage_companion_{c}"].pop("top10") for b in ("faiss", "milvus")
-                for c in ("faiss", "milvus")]
-        multi["two_stage_ndcg_diff"] = round(multi["milvus"]["two_stage_companion_milvus"]["ndcg@10"]
-                                             - multi["faiss"]["two_stage_companion_faiss"]["ndcg@10"], 4)
-        multi["exhaustive_ndcg_diff"] = round(multi["milvus"]["exhaustive"]["ndcg@10"]
-                                              - multi["faiss"]["exhaustive"]["ndcg@10"], 4)
-        multi["two_stage_same_top10_queries_all_4_combinations"] = sum(
-            all(t[i] == tops[0][i] for t in tops) for i in range(nq))
+        out["multi"] = _milvus_multi(colls, root, kw, sf, vecs, q_tokens, q_mean, multi_pooler, multi_queries,
+                                     candidates, latency_queries, log, keep_server_clean=milvus_uri is not None)
         checkpoint(out)
         out["native_maxsim"] = probe_native_maxsim(uri, milvus_token)
         log(f"native MaxSim: {out['native_maxsim']}")
@@ -501,13 +525,6 @@ def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_to
             if backend == "milvus" and milvus_uri is not None:
                 delete_collection(root, "bench-mean", **kw[backend])
     return out
-
-
-def md_table(header: list[str], rows: list[list]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def milvus_markdown(out: dict) -> str:
@@ -532,8 +549,8 @@ def milvus_markdown(out: dict) -> str:
         f"{m['latency_queries']} queries); {out['milvus_uri']}; "
         f"pymilvus {v['pymilvus']}, milvus-lite {v['milvus-lite']}, faiss-cpu {v['faiss-cpu']}.",
         "",
-        md_table(["part", "backend", "vectors", "add (vectors/s)", "nDCG@10", "exhaustive nDCG@10",
-                  "query p50 ms", "query p99 ms"], rows),
+        render_table(["part", "backend", "vectors", "add (vectors/s)", "nDCG@10", "exhaustive nDCG@10",
+                      "query p50 ms", "query p99 ms"], [[str(c) for c in r] for r in rows], markdown=True),
         "",
         f"- single-vector nDCG@10 difference milvus - faiss: {s['ndcg_diff']:+.4f} (target ±0.002: "
         f"{'met' if s['target_equal_within_0.002'] else 'NOT met'}); identical top-10 lists for "
@@ -549,7 +566,7 @@ def milvus_markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--scifact", action="store_true", help="the SciFact multi-vector benchmark (issue 3)")
@@ -577,36 +594,40 @@ def main() -> None:
                     help="BLAS/OpenMP threads (default 1: on a small shared machine more threads "
                          "spin against other processes and single-query latency gets much worse; "
                          "0 = library default)")
-    args = ap.parse_args()
-    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": THREADS}
-    if args.scifact or args.backend == "milvus":
-        out_path = args.out or (RESULTS_SCIFACT if args.scifact else RESULTS_MILVUS)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
+    return ap.parse_args()
 
-        machine["loadavg_1m_start"] = round(os.getloadavg()[0], 2)  # a shared machine: how busy
 
-        def write(res: dict, complete: bool = True) -> None:
-            machine["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
-            result = {"machine": machine, "threads": THREADS, "docs_arg": args.docs, **res}
-            if not complete:
-                result["partial"] = True  # a run that stopped early keeps what it measured
-            out_path.write_text(json.dumps(result, indent=2) + "\n")
+def run_scifact_or_milvus(args: argparse.Namespace, machine: dict) -> None:
+    """``--scifact`` or ``--backend milvus``: run, write the JSON (partial ones on the way), print."""
+    out_path = args.out or (RESULTS_SCIFACT if args.scifact else RESULTS_MILVUS)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    machine["loadavg_1m_start"] = round(os.getloadavg()[0], 2)  # a shared machine: how busy
 
-        with tempfile.TemporaryDirectory() as tmp:
-            if args.scifact:
-                res = bench_scifact(Path(tmp), args.docs, args.encode_threads, args.latency_queries)
-            else:
-                res = bench_milvus(Path(tmp), args.docs, args.milvus_uri, args.milvus_token,
-                                   args.multi_pooler, args.multi_queries, args.candidates,
-                                   args.multi_latency_queries, checkpoint=lambda r: write(r, complete=False))
-        write(res)
-        print(f"threads: {THREADS or 'library default'}")
+    def write(res: dict, complete: bool = True) -> None:
+        machine["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+        result = {"machine": machine, "threads": THREADS, "docs_arg": args.docs, **res}
+        if not complete:
+            result["partial"] = True  # a run that stopped early keeps what it measured
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
         if args.scifact:
-            print_scifact(res)
+            res = bench_scifact(Path(tmp), args.docs, args.encode_threads, args.latency_queries)
         else:
-            print("\n" + milvus_markdown(res))
-        print(f"\nwrote {out_path}")
-        return
+            res = bench_milvus(Path(tmp), args.docs, args.milvus_uri, args.milvus_token,
+                               args.multi_pooler, args.multi_queries, args.candidates,
+                               args.multi_latency_queries, checkpoint=lambda r: write(r, complete=False))
+    write(res)
+    print(f"threads: {THREADS or 'library default'}")
+    if args.scifact:
+        print_scifact(res)
+    else:
+        print("\n" + milvus_markdown(res))
+    print(f"\nwrote {out_path}")
+
+
+def run_synthetic(args: argparse.Namespace, machine: dict) -> None:
+    """Parts A (flat search) and B (MaxSim exhaustive vs two_stage) on synthetic vectors."""
     args.out = args.out or RESULTS
     rng = np.random.default_rng(0)
     n_single, n_docs, n_q = (10_000, 300, 10) if args.quick else (100_000, 2_000, 30)
@@ -616,9 +637,12 @@ def main() -> None:
     result = {"machine": machine, "flat_single": flat, "maxsim": ms}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-    f = flat
     print(f"threads: {THREADS or 'library default'}")
+    print_synthetic(flat, ms)
+    print(f"\nwrote {args.out}")
+
+
+def print_synthetic(f: dict, ms: dict) -> None:
     print(f"\nA. flat single-vector search, {f['vectors']:,} x {f['dim']}-d, {f['factory']}, k=10")
     print(f"   add {f['add_s']} s, commit {f['commit_s']} s, {f['bytes_per_doc']} bytes/doc")
     print(f"   one query per call: p50 {f['per_query_k10']['p50_ms']} ms, p99 {f['per_query_k10']['p99_ms']} ms;"
@@ -626,17 +650,23 @@ def main() -> None:
           f" with faiss BLAS threshold 20: {f['batched_blas_per_query_ms']} ms/query ({f['batched_blas_qps']} q/s)")
     print(f"\nB. MaxSim, {ms['documents']:,} docs, {ms['tokens']:,} tokens x {ms['dim']}-d, "
           f"{ms['queries']} queries x {ms['query_tokens']} tokens, k=10 (one query per call)")
-    hdr = f"   {'precision':9} {'B/doc':>8} {'mode':>14} {'p50 ms':>8} {'p99 ms':>8} {'speedup':>8} {'top10 ovl':>9} {'top1':>5}"
-    print(hdr)
+    rows = []
     for p, r in ms["precisions"].items():
         e = r["exhaustive"]
-        print(f"   {p:9} {r['bytes_per_doc']:>8} {'exhaustive':>14} {e['p50_ms']:>8} {e['p99_ms']:>8} {'1.0':>8} {'1.0':>9} {'1.0':>5}")
-        for key, v in r.items():
-            if key.startswith("two_stage_"):
-                print(f"   {'':9} {'':>8} {'two_stage N=' + key.rsplit('_', 1)[1]:>14} {v['p50_ms']:>8} "
-                      f"{v['p99_ms']:>8} {v['speedup_p50']:>8} {v['top10_overlap_vs_exhaustive']:>9} "
-                      f"{v['top1_agreement']:>5}")
-    print(f"\nwrote {args.out}")
+        rows.append([p, str(r["bytes_per_doc"]), "exhaustive", str(e["p50_ms"]), str(e["p99_ms"]), "1.0", "1.0", "1.0"])
+        rows += [["", "", "two_stage N=" + key.rsplit("_", 1)[1], str(v["p50_ms"]), str(v["p99_ms"]),
+                  str(v["speedup_p50"]), str(v["top10_overlap_vs_exhaustive"]), str(v["top1_agreement"])]
+                 for key, v in r.items() if key.startswith("two_stage_")]
+    print(render_table(["precision", "B/doc", "mode", "p50 ms", "p99 ms", "speedup", "top10 ovl", "top1"], rows))
+
+
+def main() -> None:
+    args = _args()
+    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": THREADS}
+    if args.scifact or args.backend == "milvus":
+        run_scifact_or_milvus(args, machine)
+    else:
+        run_synthetic(args, machine)
 
 
 if __name__ == "__main__":
