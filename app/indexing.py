@@ -1,7 +1,8 @@
 """The batch indexing job behind ``embedpool index`` (and the evaluation command).
 
-Reads a corpus lazily (BEIR ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text
-lines, or stdin), embeds it with every requested pooler -- one forward pass per tokenization plan
+Takes a stream of records (read lazily by :class:`app.datasets.CorpusSource`: BEIR
+``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text lines, or stdin), embeds it
+with every requested pooler -- one forward pass per tokenization plan
 for all of them -- and writes one :class:`index.Collection` per pooler spec.
 
 Resumability: every ``commit_every`` input records the job commits each collection and then
@@ -25,190 +26,26 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from embedpool.errors import InvalidError, MissingFileError
+from embedpool.app.datasets import Record
+from embedpool.app.encoding import embed_by_plan
+from embedpool.app.tables import render_table
+from embedpool.errors import InvalidError
 from embedpool.index import CollectionNotFoundError, CollectionSpec, open_collection
 
 JOB_FILE = "indexjob.json"
 JOB_PROPERTY = "embedpool.indexjob"  # the job state of a Milvus collection
 JOB_VERSION = 1
-FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
 
 class IndexJobError(InvalidError):
     """A user-facing error of the indexing job (bad corpus, changed settings, ...)."""
-
-
-# ---------------------------------------------------------------------------------- readers
-@dataclass
-class Record:
-    id: str
-    text: str
-    metadata: dict | None = None
-
-
-@dataclass(frozen=True)
-class CorpusSource:
-    """Where the documents come from and how to read them.
-
-    Args:
-        path: a file, or ``-`` for stdin.
-        format: ``auto`` (by suffix and content), ``beir`` (``_id``, ``title`` + ``text``),
-            ``jsonl`` (``id_field``/``text_field``), ``parquet`` or ``text`` (one document per
-            line, the id is the line number starting at 0).
-        id_field / text_field: JSON / Parquet field names (default ``_id`` or ``id``, and ``text``).
-        title_field: prepended to the text with a space (BEIR: ``title``).
-    """
-
-    path: str
-    format: str = "auto"
-    id_field: str | None = None
-    text_field: str | None = None
-    title_field: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise IndexJobError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
-        if self.path != "-" and not Path(self.path).is_file():
-            raise MissingFileError(f"corpus file {self.path} does not exist")
-
-    @property
-    def is_stdin(self) -> bool:
-        return self.path == "-"
-
-    def resolved_format(self) -> str:
-        if self.format != "auto":
-            return self.format
-        if self.is_stdin:
-            return "jsonl"  # JSON lines; plain lines are read as text records (see _read_lines)
-        name = Path(self.path).name.lower()
-        if name.endswith((".parquet", ".pq")):
-            return "parquet"
-        if name.endswith(".txt"):
-            return "text"
-        return "jsonl"
-
-    def describe(self) -> dict[str, Any]:
-        """What the job state pins about the source."""
-        return {"path": "-" if self.is_stdin else str(Path(self.path).resolve()),
-                "format": self.resolved_format(), "id_field": self.id_field,
-                "text_field": self.text_field, "title_field": self.title_field}
-
-    def count(self) -> int | None:
-        """Number of records (for the ETA), or ``None`` for stdin."""
-        fmt = self.resolved_format()
-        if self.is_stdin:
-            return None
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(self.path).metadata.num_rows
-        n, last = 0, b"\n"
-        with open(self.path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                n += chunk.count(b"\n")
-                last = chunk[-1:]
-        if last != b"\n":
-            n += 1
-        return n
-
-    def records(self) -> Iterator[Record]:
-        fmt = self.resolved_format()
-        if fmt == "parquet":
-            yield from self._read_parquet()
-            return
-        if self.is_stdin:
-            stream = sys.stdin
-            yield from self._read_lines(stream, fmt)
-            return
-        with open(self.path, encoding="utf-8") as f:
-            yield from self._read_lines(f, fmt)
-
-    # -- JSON lines / text
-    def _read_lines(self, stream, fmt: str) -> Iterator[Record]:
-        where = "stdin" if self.is_stdin else self.path
-        n_rec = 0
-        for lineno, line in enumerate(stream, 1):
-            if fmt == "text":
-                yield Record(str(n_rec), line.rstrip("\n"))
-                n_rec += 1
-                continue
-            if not line.strip():
-                continue
-            s = line.lstrip()
-            if not s.startswith("{"):
-                if self.is_stdin and self.format == "auto":  # plain lines on stdin
-                    yield Record(str(n_rec), line.rstrip("\n"))
-                    n_rec += 1
-                    continue
-                raise IndexJobError(f"{where}, line {lineno}: not a JSON object; use --format text "
-                                    "for one document per line")
-            try:
-                obj = json.loads(s)
-            except json.JSONDecodeError as e:
-                raise IndexJobError(f"{where}, line {lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise IndexJobError(f"{where}, line {lineno}: expected a JSON object")
-            yield self._from_mapping(obj, fmt, f"{where}, line {lineno}")
-            n_rec += 1
-
-    def _fields(self, keys, fmt: str) -> tuple[str, str, str | None]:
-        id_field = self.id_field or ("_id" if "_id" in keys or fmt == "beir" else "id")
-        text_field = self.text_field or "text"
-        title_field = self.title_field
-        if title_field is None and (fmt == "beir" or (fmt in ("jsonl", "parquet") and self.id_field is None
-                                                      and "_id" in keys and "title" in keys)):
-            title_field = "title"  # BEIR layout: documents are title + " " + text
-        return id_field, text_field, title_field
-
-    def _from_mapping(self, obj: dict, fmt: str, where: str) -> Record:
-        id_field, text_field, title_field = self._fields(obj.keys(), fmt)
-        if id_field not in obj or obj[id_field] is None:
-            raise IndexJobError(f"{where}: no id field {id_field!r}; choose one with --id-field")
-        if text_field not in obj:
-            raise IndexJobError(f"{where}: no text field {text_field!r}; choose one with --text-field")
-        text = obj[text_field]
-        text = "" if text is None else text
-        if not isinstance(text, str):
-            raise IndexJobError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
-        if title_field:
-            title = obj.get(title_field) or ""
-            if not isinstance(title, str):
-                raise IndexJobError(f"{where}: field {title_field!r} is not a string")
-            text = (title + " " + text).strip()
-        meta = obj.get("metadata")
-        return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
-
-    # -- Parquet (streamed by record batches)
-    def _read_parquet(self) -> Iterator[Record]:
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(self.path)
-        names = pf.schema_arrow.names
-        id_field, text_field, title_field = self._fields(names, "parquet")
-        for f, flag in ((id_field, "--id-field"), (text_field, "--text-field")):
-            if f not in names:
-                raise IndexJobError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
-                                    f"choose one with {flag}")
-        cols = [id_field, text_field] + ([title_field] if title_field and title_field in names else [])
-        row = 0
-        for batch in pf.iter_batches(batch_size=1024, columns=cols):
-            d = batch.to_pydict()
-            titles = d.get(title_field) if title_field else None
-            for j, (i, t) in enumerate(zip(d[id_field], d[text_field])):
-                if i is None:
-                    raise IndexJobError(f"{self.path}, row {row}: null id")
-                t = t or ""
-                if titles is not None:
-                    t = ((titles[j] or "") + " " + t).strip()
-                yield Record(str(i), t)
-                row += 1
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -295,70 +132,6 @@ class _DeferSigint:
             raise KeyboardInterrupt
 
 
-class _PoolTimer:
-    """Wall time spent in each pooler's ``pool`` (wrapped on the pooler instance)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.shared: dict[str, float] = {}  # forward time of the spec's plan in the last call
-
-    @contextlib.contextmanager
-    def timing(self, poolers: dict[str, Any]):
-        """Time ``pool`` of each ``{spec: pooler}`` within the block (an instance attribute that
-        shadows the class method, removed again afterwards)."""
-        wrapped = []
-        try:
-            for spec, pooler in poolers.items():
-                if "pool" in vars(pooler):
-                    continue  # already timed by an enclosing block
-                orig = type(pooler).pool
-
-                def pool(states, _p=pooler, _s=spec, _orig=orig):
-                    t = time.perf_counter()
-                    try:
-                        return _orig(_p, states)
-                    finally:
-                        self.seconds[_s] = self.seconds.get(_s, 0.0) + time.perf_counter() - t
-
-                pooler.pool = pool
-                wrapped.append(pooler)
-            yield
-        finally:
-            for pooler in wrapped:
-                del pooler.pool
-
-
-def embed_by_plan(embedder, texts: list[str], specs: list[str], role: str, *, normalize: bool = True,
-                  dimensions: int | None = None, on_batch: Callable[[int, int], None] | None = None,
-                  timer: _PoolTimer | None = None) -> tuple[dict[str, list[np.ndarray]], dict[str, float], int]:
-    """Embed ``texts`` with every spec: one ``Embedder.embed`` call (= one forward pass) per
-    tokenization plan. Returns ``(vectors per spec, seconds per spec, tokens)`` where a spec's
-    seconds are its plan's forward time (shared by the plan's poolers) plus its own pooling time
-    -- the time it would take to encode with that pooler alone."""
-    timer = timer or _PoolTimer()
-    groups: dict[str, list[str]] = {}
-    for s in specs:
-        groups.setdefault(embedder.pooler(s).plan.key, []).append(s)
-    vectors: dict[str, list[np.ndarray]] = {}
-    seconds: dict[str, float] = {}
-    tokens = 0
-    with timer.timing({s: embedder.pooler(s) for s in specs}):
-        for group in groups.values():
-            before = {s: timer.seconds.get(s, 0.0) for s in group}
-            t0 = time.perf_counter()
-            res = embedder.embed(texts, poolers=group, role=role, normalize=normalize,
-                                 dimensions=dimensions, on_batch=on_batch)
-            total = time.perf_counter() - t0
-            own = {s: timer.seconds.get(s, 0.0) - before[s] for s in group}
-            shared = max(total - sum(own.values()), 0.0)
-            for s in group:
-                vectors[s] = res.vectors[s]
-                seconds[s] = shared + own[s]
-                timer.shared[s] = shared
-            tokens += res.tokens
-    return vectors, seconds, tokens
-
-
 # ---------------------------------------------------------------------------------- the job
 @dataclass
 class Target:
@@ -422,7 +195,6 @@ class IndexJob:
         self.store_text = store_text
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        self.timer = _PoolTimer()
         self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory)
 
         labels: dict[str, str] = {}
@@ -633,9 +405,9 @@ class IndexJob:
                     self._bar.set_postfix_str(f"{self.tokens / el:,.0f} tok/s", refresh=False)
 
         before = self._bar.n if self._bar is not None else 0
-        vectors, seconds, _ = embed_by_plan(self.embedder, texts, [t.spec for t in active], "document",
-                                            normalize=self.normalize, dimensions=self.dimensions,
-                                            on_batch=on_batch, timer=self.timer)
+        emb = embed_by_plan(self.embedder, texts, [t.spec for t in active], "document",
+                            normalize=self.normalize, dimensions=self.dimensions, on_batch=on_batch)
+        vectors, seconds = emb.vectors, emb.seconds
         if self._bar is not None:
             self._bar.update(before + len(recs) - self._bar.n)
         with self._guard.critical():
@@ -711,27 +483,4 @@ def format_summary(s: dict[str, Any]) -> str:
                if s.get("backend", "faiss") == "faiss" else
                f"; in Milvus at {s['milvus_uri'] or 'the default Milvus Lite file in ' + s['data_dir']}"))
     cols = ["collection", "pooler", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk", "encode_seconds"]
-    rows = [[_fmt(r[c]) for c in cols] for r in s["collections"]]
-    return head + "\n" + render_table(cols, rows)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.1f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return "" if v is None else str(v)
-
-
-def render_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain fixed-width table (numbers right-aligned)."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        out = []
-        for c, w in zip(cells, widths):
-            num = bool(re.fullmatch(r"[-+]?[\d,.]+(e[-+]?\d+)?%?", c))
-            out.append(c.rjust(w) if num else c.ljust(w))
-        return "  ".join(out).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    return head + "\n" + render_table(cols, [[r[c] for c in cols] for r in s["collections"]])

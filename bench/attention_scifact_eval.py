@@ -26,7 +26,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from embedpool.app.evaluation import load_beir, score_runs  # noqa: E402
+from embedpool.app.datasets import load_beir  # noqa: E402
+from embedpool.app.evaluation import score_runs  # noqa: E402
+from embedpool.app.tables import render_table  # noqa: E402
 from embedpool.poolers import FrozenEncoder  # noqa: E402
 from embedpool.poolers.attention import AttentionHead  # noqa: E402
 from embedpool.poolers.training import pool_states, cache_token_states  # noqa: E402
@@ -73,10 +75,10 @@ def main() -> None:
         rows.append({"head": label, "path": dict(i.partition("=")[::2] for i in args.head).get(label),
                      **{k: round(v, 4) for k, v in r["metrics"].items()},
                      "p_ndcg@10": r["p_values"].get("ndcg@10")})
-    print(f"\n| head | nDCG@10 | Recall@100 | MRR@10 | p (nDCG@10 vs mean, paired t) |\n|---|---|---|---|---|")
-    for r in rows:
-        p = "" if r["p_ndcg@10"] is None else f"{r['p_ndcg@10']:.2g}"
-        print(f"| {r['head']} | {r['ndcg@10']:.4f} | {r['recall@100']:.4f} | {r['mrr@10']:.4f} | {p} |")
+    print("\n" + render_table(
+        ["head", "nDCG@10", "Recall@100", "MRR@10", "p (nDCG@10 vs mean, paired t)"],
+        [[r["head"], f"{r['ndcg@10']:.4f}", f"{r['recall@100']:.4f}", f"{r['mrr@10']:.4f}",
+          "" if r["p_ndcg@10"] is None else f"{r['p_ndcg@10']:.2g}"] for r in rows], markdown=True))
     if args.out:
         Path(args.out).write_text(json.dumps({"split": args.split, "queries": len(qids), "documents": len(docs),
                                               "rows": rows,

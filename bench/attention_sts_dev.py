@@ -20,11 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from embedpool.app.commands.train_attention import sts_pairs  # noqa: E402
+from embedpool.app.datasets import load_sts  # noqa: E402
+from embedpool.app.tables import render_table  # noqa: E402
 from embedpool.poolers import FrozenEncoder  # noqa: E402
 from embedpool.poolers.attention import AttentionHead  # noqa: E402
-from embedpool.poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric,  # noqa: E402
-                              split_dev, train_head)
+from embedpool.poolers.training import (PairData, TrainConfig, dev_metric, pair_states,  # noqa: E402
+                                        split_dev, train_head)
 
 DATA = ROOT.parent / "shared" / "data" / "stsb"
 CACHE = ROOT / "bench" / "results" / "cache"
@@ -45,20 +46,18 @@ SETTINGS = {
 }
 
 
-def pair_data(encoder, pairs, scores) -> PairData:
+def pair_data(encoder, split: str) -> PairData:
     """The same caches `embedpool train-attention --sts` writes (sentence1s, sentence2s)."""
-    q_texts, d_texts = sorted({a for a, _ in pairs}), sorted({b for _, b in pairs})
-    q = cache_token_states(encoder, q_texts, "document", CACHE)
-    d = cache_token_states(encoder, d_texts, "document", CACHE)
-    qp, dp = {t: i for i, t in enumerate(q_texts)}, {t: i for i, t in enumerate(d_texts)}
-    return PairData(q, d, [(qp[a], dp[b]) for a, b in pairs], scores)
+    rows = load_sts(DATA, split)
+    return pair_states(encoder, [(a, b) for a, b, _ in rows], [s for _, _, s in rows],
+                       query_role="document", cache_dir=CACHE)
 
 
 def main() -> None:
     names = sys.argv[1:] or list(SETTINGS)
     enc = FrozenEncoder()
-    train = pair_data(enc, *sts_pairs(DATA, "train"))
-    dev = pair_data(enc, *sts_pairs(DATA, "dev"))
+    train = pair_data(enc, "train")
+    dev = pair_data(enc, "dev")
     carved = split_dev(len(train.pairs), 0.1, 0)[1]
     all_dev = list(range(len(dev.pairs)))
     mean_cfg = TrainConfig(objective="cosent")
@@ -77,12 +76,11 @@ def main() -> None:
                      "steps_run": rep.history[-1]["step"], "train_seconds": round(time.perf_counter() - t0, 1),
                      "history": rep.history})
         print({k: v for k, v in rows[-1].items() if k != "history"}, flush=True)
-    print("\n| setting | STS-B dev Spearman | Spearman on 10% of train (seen) | best step (epoch) | train s |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        best = f"{r['best_step']} ({r['best_epoch']})" if "best_step" in r else ""
-        print(f"| {r['setting']} | {r['dev_spearman']:.4f} | {r['train10_spearman']:.4f} | {best} | "
-              f"{r.get('train_seconds', '')} |")
+    print("\n" + render_table(
+        ["setting", "STS-B dev Spearman", "Spearman on 10% of train (seen)", "best step (epoch)", "train s"],
+        [[r["setting"], f"{r['dev_spearman']:.4f}", f"{r['train10_spearman']:.4f}",
+          f"{r['best_step']} ({r['best_epoch']})" if "best_step" in r else "", str(r.get("train_seconds", ""))]
+         for r in rows], markdown=True))
     out = ROOT / "bench" / "results" / "attention_sts_dev.json"
     old = json.loads(out.read_text()) if out.exists() else []
     for r in old:  # rows written before the rename

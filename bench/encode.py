@@ -26,7 +26,7 @@ Writes ``bench/results/encode.json`` (or ``--out``) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
+import itertools
 import json
 import os
 import platform
@@ -43,6 +43,8 @@ _HERE = Path(__file__).resolve().parent
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from embedpool.app.datasets import CorpusSource, sts_sentences  # noqa: E402
+
 ROOT = _HERE.parent
 DEFAULT_DATA = Path(os.environ.get("EMBEDPOOL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 RESULTS = _HERE / "results" / "encode.json"
@@ -50,29 +52,13 @@ SYSTEMS = ("st_fp32", "embedpool_fp32", "embedpool_int8")
 
 
 def load_docs(data: Path, n: int) -> list[str]:
-    out = []
-    with open(data / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            out.append(f"{d.get('title', '')} {d.get('text', '')}")
-            if len(out) >= n:
-                break
-    return out
+    """The first ``n`` SciFact documents (``title + " " + text``, app/datasets.py)."""
+    return [r.text for r in itertools.islice(CorpusSource(str(data / "scifact" / "corpus.jsonl"), "beir").records(), n)]
 
 
 def load_sentences(data: Path, n: int) -> list[str]:
-    out: list[str] = []
-    for split in ("test", "dev"):
-        path = data / "stsb" / f"{split}.tsv"
-        if not path.exists():
-            continue
-        with open(path, encoding="utf-8", newline="") as f:
-            for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-                for key in ("sentence1", "sentence2"):
-                    out.append(row[key])
-                    if len(out) >= n:
-                        return out
-    return out
+    """The first ``n`` STS-B sentences (test, then dev; both sides of each pair)."""
+    return sts_sentences(data / "stsb", ("test", "dev"))[:n]
 
 
 def peak_rss_mb() -> float:

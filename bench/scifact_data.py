@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedpool.app.datasets import load_beir
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SCIFACT = Path(os.environ.get("EMBEDPOOL_SCIFACT", ROOT.parent / "shared" / "data" / "scifact"))
@@ -51,26 +53,11 @@ def load_scifact(n_docs: int | None = None, split: str = "test") -> SciFact:
     """Corpus (first ``n_docs`` in file order; documents are ``title + " " + text``), the
     ``split`` queries, and their qrels restricted to the corpus slice (queries with no relevant
     document in the slice are dropped)."""
-    all_docs = []
-    with open(SCIFACT / "corpus.jsonl", encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            all_docs.append((str(d["_id"]), (d.get("title", "") + " " + d.get("text", "")).strip()))
+    data = load_beir(SCIFACT, split)
+    all_docs = [(r.id, r.text) for r in data.corpus]
     docs = all_docs[:n_docs] if n_docs is not None else all_docs
     kept = {i for i, _ in docs}
-    all_qrels: dict[str, dict[str, int]] = {}
-    with open(SCIFACT / "qrels" / f"{split}.tsv", encoding="utf-8") as f:
-        next(f)
-        for line in f:
-            q, d, s = line.rstrip("\n").split("\t")
-            if int(s) > 0:
-                all_qrels.setdefault(q, {})[d] = int(s)
-    queries = {}
-    with open(SCIFACT / "queries.jsonl", encoding="utf-8") as f:
-        for line in f:
-            q = json.loads(line)
-            if str(q["_id"]) in all_qrels:
-                queries[str(q["_id"])] = q["text"]
+    queries, all_qrels = data.queries, data.qrels
     all_qids = sorted(queries, key=lambda x: int(x) if x.isdigit() else x)
     qrels = {q: {d: s for d, s in all_qrels[q].items() if d in kept} for q in all_qids}
     qids = [q for q in all_qids if qrels[q]]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import platform
@@ -43,6 +44,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from embedpool.app.datasets import CorpusSource, sts_sentences  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("EMBEDPOOL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OUT = ROOT / "bench" / "results" / "serve.json"
@@ -50,28 +53,13 @@ OUT = ROOT / "bench" / "results" / "serve.json"
 
 # ---------------------------------------------------------------------- data
 def load_sts(n: int) -> list[str]:
-    seen, out = set(), []
-    with open(DATA / "stsb" / "test.tsv", encoding="utf-8") as f:
-        next(f)
-        for line in f:
-            for s in line.rstrip("\n").split("\t")[:2]:
-                if s and s not in seen:
-                    seen.add(s)
-                    out.append(s)
-            if len(out) >= n:
-                return out[:n]
-    return out
+    """The first ``n`` distinct non-empty STS-B test sentences (app/datasets.py)."""
+    return sts_sentences(DATA / "stsb", ("test",), unique=True)[:n]
 
 
 def load_scifact(n: int) -> list[str]:
-    out = []
-    with open(DATA / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            out.append((d["title"] + " " + d["text"]).strip())
-            if len(out) >= n:
-                break
-    return out
+    """The first ``n`` SciFact documents (``title + " " + text``)."""
+    return [r.text for r in itertools.islice(CorpusSource(str(DATA / "scifact" / "corpus.jsonl"), "beir").records(), n)]
 
 
 # ---------------------------------------------------------------------- HTTP load generator

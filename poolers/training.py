@@ -94,6 +94,21 @@ class PairData:
     scores: list[float] | None = None
 
 
+def pair_states(encoder: FrozenEncoder, pairs: Sequence[tuple[str, str]], scores: list[float] | None = None, *,
+                query_role: str = "query", cache_dir: str | Path | None = None,
+                progress: Callable[[int], None] | None = None) -> PairData:
+    """:class:`PairData` of ``(query, document)`` text pairs: the token states of each distinct
+    query (as ``query_role``; ``document`` for symmetric STS pairs) and document, each from one
+    cached pass (:func:`cache_token_states`)."""
+    q_texts = sorted({a for a, _ in pairs})
+    d_texts = sorted({b for _, b in pairs})
+    q_states = cache_token_states(encoder, q_texts, query_role, cache_dir, progress)
+    d_states = cache_token_states(encoder, d_texts, "document", cache_dir, progress)
+    q_pos = {t: i for i, t in enumerate(q_texts)}
+    d_pos = {t: i for i, t in enumerate(d_texts)}
+    return PairData(q_states, d_states, [(q_pos[a], d_pos[b]) for a, b in pairs], scores)
+
+
 def split_dev(n: int, dev_fraction: float, seed: int,
               groups: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """Shuffle ``range(n)`` with ``seed`` into (train, dev) index lists, ``dev_fraction`` of them

@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 
-from embedpool.app.settings import add_engine_args, from_args, load_embedder
+from embedpool.app.commands.common import command
+from embedpool.app.settings import from_args, load_embedder
 from embedpool.errors import InvalidError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("embed", help="embed texts and print JSON lines",
+    p = command(
+        sub, "embed", run, help="embed texts and print JSON lines",
                        description="Print {\"index\": i, \"embedding\": [...]} per input "
                                    "({\"embeddings\": [[...], ...]} for multi-vector poolers).")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed")
@@ -20,8 +22,6 @@ def register(sub) -> None:
     p.add_argument("--role", choices=["query", "document"], default="document")
     p.add_argument("--dimensions", type=int, help="Matryoshka: keep the first N dimensions")
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
-    add_engine_args(p)
-    p.set_defaults(func=run)
 
 
 def read_lines(stream) -> list[str]:

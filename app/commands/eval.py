@@ -6,22 +6,20 @@ import argparse
 import sys
 
 from embedpool.app.cli import UsageError
-from embedpool.app.settings import add_engine_args, from_args, load_embedder
+from embedpool.app.commands.common import add_candidate_args, add_data_sources, add_job_args, command
+from embedpool.app.settings import from_args, load_embedder
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "eval", help="evaluate poolers on BEIR retrieval, STS or synthetic long documents",
+    p = command(
+        sub, "eval", run, help="evaluate poolers on BEIR retrieval, STS or synthetic long documents",
         description="Index a BEIR corpus with every --pooler (one forward pass per tokenization plan), "
                     "search every query through the collections and report nDCG@10, Recall@100, MRR@10, "
                     "MAP@100 (ranx), bytes per document, encode time, query latency and paired p-values "
                     "against --baseline. --sts scores Spearman of cosine similarity on a "
                     "sentence1/sentence2/score TSV; --synthetic-long hides each relevant document among "
                     "K distractors in one long document.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", metavar="DIR", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
-    src.add_argument("--sts", metavar="DIR", help="STS folder with <split>.tsv (sentence1, sentence2, score)")
-    src.add_argument("--synthetic-long", metavar="DIR", help="BEIR folder to build long documents from")
+    add_data_sources(p, ("--synthetic-long", "BEIR folder to build long documents from"))
     p.add_argument("--split", default="test")
     p.add_argument("--pooler", action="append", dest="poolers", required=True, metavar="SPEC",
                    help="pooler spec, repeatable")
@@ -35,8 +33,7 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="report.json")
     p.add_argument("--markdown", metavar="FILE", help="Markdown table")
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
-    p.add_argument("--candidates", type=int, default=100, help="two_stage: companion candidates per query")
-    p.add_argument("--k-token", type=int, default=32, help="tokens mode: ANN neighbours per query token")
+    add_candidate_args(p)
     p.add_argument("--max-docs", type=int, help="evaluate on a slice of at most N documents")
     p.add_argument("--max-queries", type=int, help="at most N queries (synthetic-long default 100)")
     p.add_argument("--max-pairs", type=int, help="STS: the first N pairs only")
@@ -50,22 +47,18 @@ def register(sub) -> None:
     p.add_argument("--index-dir", metavar="DIR",
                    help="index into DIR and keep the collections (a rerun resumes the indexing) "
                         "instead of a temporary folder")
-    p.add_argument("--commit-every", type=int, default=500, metavar="N")
-    p.add_argument("--batch-docs", type=int, default=256, metavar="N")
-    p.add_argument("--storage-precision", choices=["float32", "float16", "int8"], default="float32")
-    p.add_argument("--no-progress", action="store_true")
-    add_engine_args(p)
-    p.set_defaults(func=run)
+    add_job_args(p, commit_every=500)
 
 
 def run(args: argparse.Namespace) -> int:
+    from embedpool.app import datasets
     from embedpool.app import evaluation as ev
 
     modes = [m.strip() for ms in (args.modes or ["exhaustive"]) for m in ms.split(",") if m.strip()]
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     settings = from_args(args)
     if args.sts:
-        pairs = ev.load_sts(args.sts, args.split)
+        pairs = datasets.load_sts(args.sts, args.split)
         if args.max_pairs:
             pairs = pairs[: args.max_pairs]
         embedder = load_embedder(settings)
@@ -74,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         report = ev.evaluate_sts(embedder, pairs, args.poolers, baseline=args.baseline, seed=args.seed,
                                  info={"dataset": Path(args.sts).name, "split": args.split})
     else:
-        data = ev.load_beir(args.data or args.synthetic_long, args.split)
+        data = datasets.load_beir(args.data or args.synthetic_long, args.split)
         embedder = load_embedder(settings)
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
                       candidates=args.candidates, k_token=args.k_token, index_dir=args.index_dir,
@@ -82,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                       storage_precision=args.storage_precision, progress=not args.no_progress, log=log,
                       latency_queries=args.latency_queries)
         if args.data:
-            data = ev.slice_beir(data, args.max_docs, args.max_queries, args.seed)
+            data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
             log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")
             report = ev.evaluate_retrieval(embedder, data, args.poolers, **common)
         else:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from embedpool.app.settings import add_engine_args, add_storage_args, from_args, load_embedder
+from embedpool.app.commands.common import add_job_args, command
+from embedpool.app.settings import from_args, load_embedder
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "index", help="embed a corpus into one collection per pooler (resumable)",
+    p = command(
+        sub, "index", run, help="embed a corpus into one collection per pooler (resumable)",
         description="Embed a corpus (BEIR corpus.jsonl, JSON lines, Parquet, text lines, or - for stdin) "
                     "into one collection per pooler spec: NAME for one pooler, NAME-<pooler> for several. "
                     "Poolers that share a tokenization plan come from one forward pass. Commits every "
                     "--commit-every records; rerunning the same command after an interruption continues "
-                    "after the last commit.")
+                    "after the last commit.", storage=True)
     p.add_argument("corpus", metavar="CORPUS", help="corpus file, or - for stdin")
     p.add_argument("--collection", required=True, metavar="NAME", help="collection name (or name prefix)")
     p.add_argument("--pooler", action="append", dest="poolers", metavar="SPEC",
@@ -26,29 +26,22 @@ def register(sub) -> None:
     p.add_argument("--id-field", help="id field of JSON lines / Parquet (default _id or id)")
     p.add_argument("--text-field", help="text field (default text)")
     p.add_argument("--title-field", help="field prepended to the text (BEIR: title)")
-    p.add_argument("--commit-every", type=int, default=1000, metavar="N", help="commit every N records")
-    p.add_argument("--batch-docs", type=int, default=256, metavar="N",
-                   help="records per embedding call (each is split into token-budget forward batches)")
+    add_job_args(p, commit_every=1000)
     p.add_argument("--companion", default="mean", metavar="SPEC",
                    help="single-vector companion of multi-vector collections for two_stage search "
                         "(default mean; 'none' for none)")
     p.add_argument("--factory", default="IDMap2,Flat",
                    help="FAISS factory of single-vector collections (Milvus: the equivalent index)")
-    p.add_argument("--storage-precision", choices=["float32", "float16", "int8"], default="float32",
-                   help="storage of multi-vector token vectors")
     p.add_argument("--token-factory", default="HNSW32", help="FAISS factory of the token ANN (mode tokens)")
     p.add_argument("--dimensions", type=int, help="Matryoshka: keep the first N dimensions")
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     p.add_argument("--no-text", action="store_true", help="do not keep document texts in the collection")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_engine_args(p)
-    add_storage_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from embedpool.app.indexing import CorpusSource, IndexJob, format_summary
+    from embedpool.app.datasets import CorpusSource
+    from embedpool.app.indexing import IndexJob, format_summary
 
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)

@@ -6,14 +6,15 @@ import argparse
 import logging
 import os
 
-from embedpool.app.settings import Settings, add_engine_args, add_storage_args, from_args
+from embedpool.app.commands.common import command
+from embedpool.app.settings import Settings, from_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "serve", help="run the HTTP API",
+    p = command(
+        sub, "serve", run, help="run the HTTP API",
         description="Serve embeddings and collections over HTTP (docs at /docs). Every option is also "
-                    "an EMBEDPOOL_* environment variable (e.g. EMBEDPOOL_API_KEY); flags win.")
+                    "an EMBEDPOOL_* environment variable (e.g. EMBEDPOOL_API_KEY); flags win.", storage=True)
     p.add_argument("--host", help="address to bind (env EMBEDPOOL_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env EMBEDPOOL_PORT, default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env EMBEDPOOL_API_KEY; "
@@ -30,9 +31,6 @@ def register(sub) -> None:
     p.add_argument("--allow-pooler-paths", action="store_true", default=None,
                    help="let requests load pooler weights from paths (attention:weights=PATH)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-    add_engine_args(p)
-    add_storage_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

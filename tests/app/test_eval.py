@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from embedpool.app import datasets
 from embedpool.app import evaluation as ev
 
 
@@ -45,23 +46,10 @@ def test_a_query_missing_from_the_run_scores_zero_and_p_values_compare_to_baseli
     assert fisher["bad"]["p_values"]["ndcg@10"] < 0.05
 
 
-# ------------------------------------------------------------------ data (no model)
+# ------------------------------------------------------------------ synthetic long documents (no model)
 @pytest.fixture(scope="module")
 def scifact(data_dir):
-    return ev.load_beir(data_dir / "scifact", "test")
-
-
-def test_beir_loader_and_slice(scifact):
-    assert len(scifact.corpus) == 5183 and len(scifact.qrels) == 300
-    assert sum(len(r) for r in scifact.qrels.values()) == 339
-    doc = next(r for r in scifact.corpus if r.id == "4983")
-    assert doc.text.startswith("Microstructural development of human newborn cerebral white matter")
-    s = ev.slice_beir(scifact, max_docs=60, seed=3)
-    ids = {r.id for r in s.corpus}
-    assert len(s.corpus) == 60 and len(s.qrels) >= 20
-    assert all(d in ids for rel in s.qrels.values() for d in rel)  # every relevant doc is in the slice
-    assert set(s.queries) == set(s.qrels)
-    assert [r.id for r in ev.slice_beir(scifact, max_docs=60, seed=3).corpus] == [r.id for r in s.corpus]
+    return datasets.load_beir(data_dir / "scifact", "test")
 
 
 def test_synthetic_long_hides_each_needle_among_k_distractors(scifact):
@@ -84,14 +72,6 @@ def test_synthetic_long_hides_each_needle_among_k_distractors(scifact):
     assert [r.text for r in ev.synthetic_long(scifact, 4, n_queries=20, seed=1).corpus] == [r.text for r in a.corpus]
     zero = ev.synthetic_long(scifact, 0, n_queries=20, seed=1)
     assert all(r.text == by_id[r.metadata["needle"]] for r in zero.corpus if r.metadata["needle"])
-
-
-def test_sts_loader(data_dir, tmp_path):
-    pairs = ev.load_sts(data_dir / "stsb", "test")
-    assert len(pairs) == 1379 and pairs[0] == ("A girl is styling her hair.", "A girl is brushing her hair.", 2.5)
-    (tmp_path / "test.tsv").write_text("a\tb\tc\nx\ty\t1\n")
-    with pytest.raises(ValueError, match="sentence1, sentence2 and score"):
-        ev.load_sts(tmp_path)
 
 
 # ------------------------------------------------------------------ end to end (real model)
@@ -137,7 +117,7 @@ def test_eval_on_a_scifact_slice(embedder, scifact, tmp_path, monkeypatch, capsy
     assert cl2["bytes_per_doc"] == pytest.approx(cl["bytes_per_doc"] + rows[("mean", None)]["bytes_per_doc"])
     # all the poolers of a plan came from one forward pass over the corpus and one over the queries
     # (plus the first 4 queries once more, one at a time, for the latency figure)
-    sl = ev.slice_beir(scifact, 40, seed=3)
+    sl = datasets.slice_beir(scifact, 40, seed=3)
     queries = [scifact.queries[q] for q in sl.qrels]
     count = lambda texts: sum(embedder.encoder.count_tokens(texts))  # noqa: E731
     expected = count([r.text for r in sl.corpus]) + count(queries) + count(queries[:4])
@@ -147,7 +127,7 @@ def test_eval_on_a_scifact_slice(embedder, scifact, tmp_path, monkeypatch, capsy
 
 
 def test_sts_eval_on_a_slice(embedder, data_dir, tmp_path):
-    pairs = ev.load_sts(data_dir / "stsb", "test")[:150]
+    pairs = datasets.load_sts(data_dir / "stsb", "test")[:150]
     report = ev.evaluate_sts(embedder, pairs, ["mean", "cls"])
     rows = {r["pooler"]: r for r in report["results"]}
     assert rows["mean"]["spearman"] > 0.75 and rows["mean"]["p_value"] is None

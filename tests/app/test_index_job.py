@@ -1,9 +1,8 @@
-"""The batch indexing job: streaming readers, resumability after SIGKILL and Ctrl-C, refused
+"""The batch indexing job: resumability after SIGKILL and Ctrl-C, refused
 setting changes, one forward pass per tokenization plan, and the index/search CLI."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -15,60 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedpool.app.indexing import JOB_FILE, CorpusSource, IndexJob, IndexJobError, Record, collection_name
+from embedpool.app.datasets import CorpusSource, Record
+from embedpool.app.indexing import JOB_FILE, IndexJob, IndexJobError, collection_name
 from embedpool.index import Collection
 
 ROOT = Path(__file__).resolve().parents[2]
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
 
 
-# ------------------------------------------------------------------ readers (no model)
-def test_beir_reader_joins_title_and_text(tmp_path):
-    p = tmp_path / "corpus.jsonl"
-    p.write_text('{"_id": "d1", "title": "Title one", "text": "Body one.", "metadata": {}}\n\n'
-                 '{"_id": 7, "title": "", "text": "Body two."}\n')
-    recs = list(CorpusSource(str(p)).records())
-    assert [(r.id, r.text) for r in recs] == [("d1", "Title one Body one."), ("7", "Body two.")]
-    assert CorpusSource(str(p)).count() == 3  # lines, for the ETA
-
-
-def test_jsonl_reader_with_chosen_fields_and_errors(tmp_path):
-    p = tmp_path / "docs.jsonl"
-    p.write_text('{"doc": "a", "body": "alpha", "text": "ignored"}\n{"doc": "b", "body": null}\n')
-    recs = list(CorpusSource(str(p), id_field="doc", text_field="body").records())
-    assert [(r.id, r.text) for r in recs] == [("a", "alpha"), ("b", "")]
-    with pytest.raises(IndexJobError, match=r"line 1: no id field 'id'"):
-        list(CorpusSource(str(p)).records())
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "x", "text": "ok"}\n{"id": "y", "text": 3}\n')
-    with pytest.raises(IndexJobError, match=r"line 2: field 'text' is int"):
-        list(CorpusSource(str(bad)).records())
-    with pytest.raises(FileNotFoundError):
-        CorpusSource(str(tmp_path / "missing.jsonl"))
-
-
-def test_parquet_reader_streams_batches(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    n = 2500  # more than one record batch
-    pq.write_table(pa.table({"pid": [f"p{i}" for i in range(n)], "content": [f"text {i}" for i in range(n)],
-                             "other": list(range(n))}), tmp_path / "c.parquet", row_group_size=1000)
-    src = CorpusSource(str(tmp_path / "c.parquet"), id_field="pid", text_field="content")
-    assert src.resolved_format() == "parquet" and src.count() == n
-    recs = list(src.records())
-    assert len(recs) == n and recs[0] == Record("p0", "text 0") and recs[-1].id == f"p{n - 1}"
-    with pytest.raises(IndexJobError, match="no column 'id'"):
-        list(CorpusSource(str(tmp_path / "c.parquet")).records())
-
-
-def test_stdin_reader_json_and_plain_lines(monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": "j", "text": "json line"}\nplain line\n'))
-    recs = list(CorpusSource("-").records())
-    assert [(r.id, r.text) for r in recs] == [("j", "json line"), ("1", "plain line")]
-    assert CorpusSource("-").count() is None
-
-
+# ------------------------------------------------------------------ names (no model)
 def test_collection_names():
     assert collection_name("sf", "mean", several=False) == "sf"
     assert collection_name("sf", "cluster:pool_factor=3", several=True) == "sf-cluster-pool_factor-3"

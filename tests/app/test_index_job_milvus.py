@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("milvus_lite")
 
-from embedpool.app.indexing import JOB_PROPERTY, CorpusSource, IndexJob  # noqa: E402
+from embedpool.app.datasets import CorpusSource  # noqa: E402
+from embedpool.app.indexing import JOB_PROPERTY, IndexJob  # noqa: E402
 from embedpool.index import MilvusCollection, delete_collection, list_collections, open_collection  # noqa: E402
 from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path: pytest's rootdir-less import)
 

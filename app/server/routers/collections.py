@@ -1,13 +1,15 @@
 """Collections, their documents, and search.
 
 Documents are embedded with the collection's pooler (role ``document``) through the batcher and
-upserted; queries are embedded with role ``query``. Every write is committed before the answer.
+upserted; searches go through the one retrieval path (:mod:`app.retrieval`), with the queries
+embedded through the batcher. Every write is committed before the answer.
 Blocking index calls run in the thread pool, so the event loop stays free.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from embedpool import index
+from embedpool.app import retrieval
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_collections, get_engine
 from embedpool.app.server.errors import Conflict, Invalid
@@ -48,12 +51,6 @@ def _info(name: str, manifest: dict[str, Any], stats: dict[str, Any] | None = No
     spec = index.CollectionSpec.from_dict(manifest)
     return {"name": name, **spec.to_dict(), "documents": int(manifest.get("counts", {}).get("documents", 0)),
             "created": manifest.get("created"), "updated": manifest.get("updated"), "stats": stats}
-
-
-def _dimensions(engine: Engine, coll: index.CollectionBase) -> int | None:
-    """The Matryoshka ``dimensions`` that gives the collection's vectors (None: the model's)."""
-    dim = engine.embedder.dim
-    return None if coll.spec.dim == dim else coll.spec.dim
 
 
 def _check_model(engine: Engine, coll: index.CollectionBase) -> None:
@@ -138,10 +135,10 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     texts = [d.text for d in docs]
     check_inputs(texts, engine.settings, "documents")
     coll = await _open(collections, engine, name)
-    spec_str, _ = engine.pooler(coll.spec.pooler, trusted=True)
-    out = await engine.embed(request, texts, [spec_str], role="document", normalize=coll.spec.normalized,
-                             dimensions=_dimensions(engine, coll))
-    vecs = out.vectors[spec_str]
+    emb = retrieval.collection_embedding(coll.spec, engine.embedder.dim, role="document")
+    engine.pooler(emb.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
+    out = await engine.embed(request, texts, [emb.pooler], **emb.options)
+    vecs = out.vectors[emb.pooler]
     vectors: Any = np.stack(vecs) if coll.spec.kind == "single" else vecs
     await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs], vectors, texts,
                             [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler)
@@ -178,38 +175,17 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     texts = [body.query] if body.query is not None else list(body.queries or [])
     check_inputs(texts, engine.settings, "queries" if body.queries is not None else "query")
     coll = await _open(collections, engine, name)
-    spec_str, _ = engine.pooler(coll.spec.pooler, trusted=True)
-    options = {"role": "query", "normalize": coll.spec.normalized, "dimensions": _dimensions(engine, coll)}
-    kwargs: dict[str, Any] = {"k": body.k}
-    tokens = 0
-    if coll.spec.kind == "multi":
-        kwargs.update(mode=body.mode, candidates=body.candidates, k_token=body.k_token)
-        if body.mode == "two_stage":
-            if not coll.spec.companion:
-                raise Invalid(f"mode: collection {name!r} has no companion collection; create it with "
-                              "'companion' set, or use mode 'exhaustive' or 'tokens'", param="mode")
-            comp = await _open(collections, engine, coll.spec.companion)
-            comp_spec, _ = engine.pooler(comp.spec.pooler, trusted=True)
-            comp_options = {"role": "query", "normalize": comp.spec.normalized,
-                            "dimensions": _dimensions(engine, comp)}
-            if comp_options == options:  # one forward pass for both poolers
-                out = await engine.embed(request, texts, [spec_str, comp_spec], **options)
-                comp_vecs = out.vectors[comp_spec]
-            else:
-                comp_out = await engine.embed(request, texts, [comp_spec], **comp_options)
-                out = await engine.embed(request, texts, [spec_str], **options)
-                comp_vecs, tokens = comp_out.vectors[comp_spec], comp_out.tokens
-            kwargs.update(companion_queries=np.stack(comp_vecs), companion=comp)
-        else:
-            out = await engine.embed(request, texts, [spec_str], **options)
-        queries: Any = out.vectors[spec_str]
-    else:
-        out = await engine.embed(request, texts, [spec_str], **options)
-        queries = np.stack(out.vectors[spec_str])
-    results = await run_in_threadpool(coll.search, queries, **kwargs)
+    need = retrieval.companion_name(coll.spec, body.mode, name)
+    comp = await _open(collections, engine, need) if need else None
+    plan = retrieval.Search(coll, engine.embedder.dim, k=body.k, mode=body.mode, candidates=body.candidates,
+                            k_token=body.k_token, companion=comp)
+    for e in plan.embeddings():
+        engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
+    vectors, tokens = await retrieval.aembed_queries(partial(engine.embed, request), texts, plan.embeddings())
+    results = await run_in_threadpool(plan.run, vectors)
     hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
               **({"text": h.text} if body.include_text else {})} for h in r] for r in results]
-    usage = {"tokens": out.tokens + tokens}
+    usage = {"tokens": tokens}
     if body.query is not None:
         return JSON({"hits": hits[0], "usage": usage})
     return JSON({"results": hits, "usage": usage})

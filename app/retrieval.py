@@ -1,0 +1,188 @@
+"""The one retrieval path of the HTTP route, ``embedpool search`` and ``embedpool eval``.
+
+Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
+
+1. **What to embed** (:func:`query_embedding`): a query for a collection is embedded with the
+   pooler, normalization and Matryoshka dimensions the collection's manifest records, as a
+   ``query``. A two_stage search also embeds the query for the companion collection, by *its*
+   manifest (its pooler, its normalization, its dimensions). Embeddings that share options
+   come from one ``embed`` call, so one forward pass per tokenization plan
+   (:func:`embedding_calls`, :func:`embed_queries`, :func:`aembed_queries` for the server's
+   batcher).
+2. **Candidates and ranking** (:meth:`Search.run`): the collection's own search --
+   ``exhaustive``, ``tokens`` (token ANN candidates) or ``two_stage`` (companion candidates),
+   each ranked by exact MaxSim in ``index``.
+3. **Similarity** (:func:`maxsim`, :func:`similarity`): pure functions on vectors that know
+   nothing about storage (STS scoring uses them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embedpool.errors import InvalidError
+from embedpool.index import CollectionBase, CollectionSpec, Hit, maxsim_scores
+
+MODES = ("exhaustive", "two_stage", "tokens")
+
+
+class RetrievalError(InvalidError):
+    """A search that cannot run as asked (no companion for two_stage, unknown mode, ...)."""
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """How texts are embedded for one collection (hashable: a key of embedded vectors)."""
+
+    pooler: str
+    normalize: bool = True
+    dimensions: int | None = None
+    role: str = "query"
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The ``embed`` keyword arguments besides the poolers."""
+        return {"role": self.role, "normalize": self.normalize, "dimensions": self.dimensions}
+
+
+def collection_embedding(spec: CollectionSpec, model_dim: int, role: str = "query") -> Embedding:
+    """How texts of ``role`` (queries; documents when upserting) are embedded for a collection
+    of ``spec`` on a model of ``model_dim`` dimensions (a smaller ``spec.dim`` is a Matryoshka
+    truncation)."""
+    if spec.dim > model_dim:
+        raise RetrievalError(f"the collection stores {spec.dim}-d vectors but the model gives {model_dim}; "
+                             "search it with the model that made it", param="collection")
+    return Embedding(spec.pooler, bool(spec.normalized), None if spec.dim == model_dim else spec.dim, role)
+
+
+def companion_name(spec: CollectionSpec, mode: str, name: str = "") -> str | None:
+    """The companion collection a search in ``mode`` needs (``None``: none)."""
+    if mode not in MODES:
+        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}", param="mode")
+    if spec.kind != "multi" or mode != "two_stage":
+        return None
+    if not spec.companion:
+        raise RetrievalError(f"mode: collection {name!r} has no companion collection; create it with "
+                             "'companion' set, or use mode 'exhaustive' or 'tokens'", param="mode")
+    return spec.companion
+
+
+def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[dict[str, Any], list[str]]]:
+    """``(options, poolers)`` per ``embed`` call: the embeddings that share options in one."""
+    calls: dict[tuple, tuple[dict[str, Any], list[str]]] = {}
+    for e in dict.fromkeys(embeddings):
+        opts = e.options
+        calls.setdefault(tuple(opts.items()), (opts, []))[1].append(e.pooler)
+    return list(calls.values())
+
+
+Vectors = dict[Embedding, list[np.ndarray]]
+
+
+def embed_queries(embed: Callable[..., Any], texts: Sequence[str],
+                  embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
+    """Embed ``texts`` for every embedding with ``embed(texts, poolers, **options)`` (an
+    ``Embedder.embed``); returns the vectors per embedding and the tokens encoded."""
+    out: Vectors = {}
+    tokens = 0
+    for opts, poolers in embedding_calls(embeddings):
+        res = embed(list(texts), poolers, **opts)
+        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
+        tokens += res.tokens
+    return out, tokens
+
+
+async def aembed_queries(embed: Callable[..., Awaitable[Any]], texts: Sequence[str],
+                         embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
+    """:func:`embed_queries` with an async ``embed`` (the server's batcher)."""
+    out: Vectors = {}
+    tokens = 0
+    for opts, poolers in embedding_calls(embeddings):
+        res = await embed(list(texts), poolers, **opts)
+        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
+        tokens += res.tokens
+    return out, tokens
+
+
+@dataclass
+class Search:
+    """One search of a collection: what its queries need and how to run it.
+
+    Args:
+        collection: the open collection.
+        model_dim: the model's dimension (for the Matryoshka ``dimensions`` of the queries).
+        mode / candidates / k_token: multi-vector candidate generation (see
+            :meth:`index.CollectionBase.search`); ignored for single-vector collections.
+        companion: the open companion collection of a ``two_stage`` search (see
+            :func:`companion_name`).
+        k: results per query.
+    """
+
+    collection: CollectionBase
+    model_dim: int
+    k: int = 10
+    mode: str = "exhaustive"
+    candidates: int = 100
+    k_token: int = 32
+    companion: CollectionBase | None = None
+
+    def __post_init__(self) -> None:
+        need = companion_name(self.collection.spec, self.mode, self.collection.name)
+        if need is None:
+            self.companion = None
+        elif self.companion is None:
+            raise RetrievalError(f"mode two_stage on {self.collection.name!r} needs its companion "
+                                 f"collection {need!r} opened", param="mode")
+        self.query = collection_embedding(self.collection.spec, self.model_dim)
+        self.companion_query = (None if self.companion is None
+                                else collection_embedding(self.companion.spec, self.model_dim))
+
+    @property
+    def multi(self) -> bool:
+        return self.collection.spec.kind == "multi"
+
+    def embeddings(self) -> list[Embedding]:
+        return [self.query] + ([self.companion_query] if self.companion_query else [])
+
+    def run(self, vectors: Mapping[Embedding, Sequence[np.ndarray]],
+            rows: Sequence[int] | None = None) -> list[list[Hit]]:
+        """Hits per query from the embedded ``vectors`` (all queries, or those at ``rows``)."""
+        def take(e: Embedding) -> list[np.ndarray]:
+            v = vectors[e]
+            return list(v) if rows is None else [v[i] for i in rows]
+
+        q = take(self.query)
+        if not self.multi:
+            return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), k=self.k)
+        if self.companion is not None:
+            return self.collection.search(q, k=self.k, mode="two_stage", candidates=self.candidates,
+                                          companion=self.companion,
+                                          companion_queries=np.stack(take(self.companion_query)))
+        return self.collection.search(q, k=self.k, mode=self.mode, k_token=self.k_token)
+
+
+def retrieve(embedder, texts: Sequence[str], search: Search) -> list[list[Hit]]:
+    """Embed ``texts`` for ``search`` with ``embedder`` (a :class:`poolers.Embedder`) and run it."""
+    vectors, _ = embed_queries(embedder.embed, texts, search.embeddings())
+    return search.run(vectors)
+
+
+# ---------------------------------------------------------------------------------- ranking
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """MaxSim (ColBERT's late interaction) of ``[m, D]`` query vectors against ``[n, D]``
+    document vectors: the sum over query vectors of their best inner product."""
+    doc = np.asarray(document, dtype=np.float32)
+    return float(maxsim_scores([np.asarray(query, dtype=np.float32)], doc,
+                               np.array([0, len(doc)], dtype=np.int64))[0, 0])
+
+
+def similarity(a: np.ndarray, b: np.ndarray, multi: bool) -> float:
+    """Similarity of two texts' embeddings: the inner product (cosine when normalized), or for
+    multi-vector ones the symmetric MaxSim normalized by the number of vectors on each side."""
+    if not multi:
+        return float(np.dot(a, b))
+    return (maxsim(a, b) / len(a) + maxsim(b, a) / len(b)) / 2

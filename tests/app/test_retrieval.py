@@ -1,0 +1,135 @@
+"""One retrieval path: the HTTP route, ``embedpool search`` and the evaluation embed a query as
+each collection's manifest says -- the companion's too, with its own pooler and normalization --
+and give the same hits.
+
+The case that split them: a two_stage search whose companion stores unnormalized vectors under
+the L2 metric with another pooler (``max``). The CLI reused the main collection's (normalized)
+query vectors for the companion whenever the dimensions matched, so its candidates -- and with a
+small ``candidates`` its hits -- differed from the server's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from embedpool.app import retrieval
+from embedpool.index import CollectionSpec, open_collection
+
+DOCS = [
+    "A cat sat on the mat and purred.",
+    "Cats sleep most of the day in the sun.",
+    "Stock markets fell sharply as investors sold shares.",
+    "The central bank raised interest rates again.",
+    "A dog chased a red ball across the park.",
+    "Heavy rain and storms are forecast for the weekend.",
+    "The weather will be sunny and warm tomorrow.",
+    "A recipe for bread: flour, water, salt and yeast.",
+    "Quantum computers use qubits in superposition to solve some problems faster than classical "
+    "computers, but they remain hard to build and error-prone at scale.",
+    "Football fans filled the stadium for the final.",
+    "ok",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the "
+    "chloroplasts of plant cells; it is the base of almost every food chain on Earth.",
+]
+QUERIES = ["a kitten on a rug", "finance news", "rain this weekend", "baking", "sports match",
+           "how do plants make food", "computing with qubits", "pets playing outside"]
+K, CANDIDATES = 3, 3
+
+
+@pytest.fixture(scope="module")
+def collections(server):
+    """On the test server: a tokens collection whose companion is ``max``-pooled, unnormalized,
+    L2; and a single-vector collection of unnormalized mean vectors under L2."""
+    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
+    with server.client() as client:
+        for name, body in (("agree-comp", {"pooler": "max", "metric": "l2", "normalized": False}),
+                           ("agree-mv", {"pooler": "tokens", "companion": "agree-comp"}),
+                           ("agree-l2", {"pooler": "mean", "metric": "l2", "normalized": False})):
+            r = client.post("/collections", json={"name": name, **body})
+            assert r.status_code in (200, 201), r.text
+            assert client.post(f"/collections/{name}/documents", json=docs).status_code == 200
+    return ["agree-mv", "agree-l2"]
+
+
+def _http(client, name: str, mode: str) -> list[list[str]]:
+    r = client.post(f"/collections/{name}/search", json={"queries": QUERIES, "k": K, "mode": mode,
+                                                          "candidates": CANDIDATES, "include_text": False})
+    assert r.status_code == 200, r.text
+    return [[h["id"] for h in hits] for hits in r.json()["results"]]
+
+
+def _cli(server, embedder, monkeypatch, capsys, name: str, mode: str) -> list[list[str]]:
+    from embedpool.app import cli
+    from embedpool.app.commands import search as search_cmd
+
+    monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
+    args = ["search", "--data-dir", str(server.data_dir), "--collection", name, "-k", str(K), "--mode", mode,
+            "--candidates", str(CANDIDATES), "--no-text"]
+    assert cli.main(args + [x for q in QUERIES for x in ("--query", q)]) == 0
+    return [[h["id"] for h in json.loads(line)["hits"]] for line in capsys.readouterr().out.splitlines()]
+
+
+def _eval(server, embedder, name: str, mode: str) -> list[list[str]]:
+    """What ``embedpool eval`` runs: the queries embedded once per embedding the searches need
+    (:class:`QueryVectors`), then :meth:`Search.run` on rows of them."""
+    from embedpool.app.evaluation import QueryVectors
+
+    with open_collection(server.data_dir, name) as coll:
+        need = retrieval.companion_name(coll.spec, mode, name)
+        comp = open_collection(server.data_dir, need) if need else None
+        try:
+            search = retrieval.Search(coll, embedder.dim, k=K, mode=mode, candidates=CANDIDATES, companion=comp)
+            queries = QueryVectors([str(i) for i in range(len(QUERIES))], QUERIES, latency_queries=0)
+            queries.ensure(embedder, search.embeddings())
+            hits = [h for i in range(len(QUERIES)) for h in search.run(queries.vectors, [i])]
+        finally:
+            if comp is not None:
+                comp.close()
+    return [[h.id for h in hs] for hs in hits]
+
+
+@pytest.mark.parametrize("name,mode", [("agree-mv", "two_stage"), ("agree-mv", "exhaustive"),
+                                       ("agree-l2", "exhaustive")])
+def test_http_cli_and_eval_give_the_same_hits(collections, server, client, embedder, monkeypatch, capsys,
+                                              name, mode):
+    http = _http(client, name, mode)
+    assert _cli(server, embedder, monkeypatch, capsys, name, mode) == http
+    assert _eval(server, embedder, name, mode) == http
+    assert all(len(h) == K for h in http)
+
+
+def test_the_companion_is_searched_with_its_own_embedding(collections, server, client, embedder):
+    """The two_stage hits are exact MaxSim over the companion's top candidates for the query
+    embedded as the companion's manifest says (max pooling, unnormalized, L2) -- computed here
+    from scratch with the embedder and numpy."""
+    texts = {f"d{i}": t for i, t in enumerate(DOCS)}
+    ids = list(texts)
+    doc_max = embedder.embed(list(texts.values()), ["max"], normalize=False).matrix("max")
+    doc_tok = embedder.embed(list(texts.values()), ["tokens"]).vectors["tokens"]
+    q_max = embedder.embed(QUERIES, ["max"], role="query", normalize=False).matrix("max")
+    q_tok = embedder.embed(QUERIES, ["tokens"], role="query").vectors["tokens"]
+    want = []
+    for qm, qt in zip(q_max, q_tok):
+        cand = np.argsort(((doc_max - qm) ** 2).sum(1), kind="stable")[:CANDIDATES]
+        score = {ids[j]: retrieval.maxsim(qt, doc_tok[j]) for j in cand}
+        want.append(sorted(score, key=lambda d: -score[d])[:K])
+    assert _http(client, "agree-mv", "two_stage") == want
+    # ... and not what the main collection's normalized query vectors would pick
+    q_norm = q_max / np.linalg.norm(q_max, axis=1, keepdims=True)
+    picked = [list(np.argsort(((doc_max - q) ** 2).sum(1))[:CANDIDATES]) for q in q_norm]
+    own = [list(np.argsort(((doc_max - q) ** 2).sum(1))[:CANDIDATES]) for q in q_max]
+    assert picked != own, "the test data must tell the two embeddings apart"
+
+
+def test_two_stage_without_a_companion_is_an_input_error(collections, client, server, embedder, capsys, monkeypatch):
+    r = client.post("/collections/agree-l2/search", json={"query": "x", "mode": "two_stage"})
+    assert r.status_code == 200  # a single-vector collection has no candidate stage: mode is moot
+    spec = CollectionSpec(kind="multi", pooler="tokens", dim=384)
+    with pytest.raises(retrieval.RetrievalError, match="has no companion collection"):
+        retrieval.companion_name(spec, "two_stage", "lonely")
+    with pytest.raises(retrieval.RetrievalError, match="unknown search mode"):
+        retrieval.companion_name(spec, "fast", "lonely")
+    assert retrieval.collection_embedding(CollectionSpec(dim=128, normalized=False), 384) == \
+        retrieval.Embedding("", normalize=False, dimensions=128, role="query")

@@ -1,0 +1,51 @@
+"""``embedpool train-attention`` end to end on tiny data: the pairs come from app/datasets.py
+(STS TSV with a dev split; BEIR qrels), token states are cached, and the saved head loads as a
+pooler."""
+
+from __future__ import annotations
+
+import json
+
+from embedpool.app import cli
+from embedpool.app.commands import train_attention as cmd
+
+SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stocks fell sharply today.",
+             "Markets dropped as investors sold.", "It will rain this weekend.", "Storms are forecast.",
+             "The team won the final.", "Fans cheered the champions."]
+
+
+def _sts(folder, split: str, n: int) -> None:
+    rows = ["sentence1\tsentence2\tscore"]
+    for i in range(n):
+        a, b = SENTENCES[(2 * i) % 8], SENTENCES[(2 * i + 1 + i // 4) % 8]
+        rows.append(f"{a}\t{b}\t{5.0 if i < 4 else 1.0}")
+    (folder / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+
+
+def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
+    sts = tmp_path / "sts"
+    sts.mkdir()
+    _sts(sts, "train", 8)
+    _sts(sts, "dev", 5)
+    out = tmp_path / "head-sts"
+    assert cli.main(["train-attention", "--sts", str(sts), "--dev-split", "dev", "--epochs", "1",
+                     "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["objective"] == "cosent" and summary["pairs"] == 8 and summary["dev_pairs"] == 5
+    assert embedder.pooler(summary["pooler"]).spec.startswith("attention")
+    assert cli.main(["train-attention", "--sts", str(sts), "--dev-split", "test", "--out", str(out)]) == 2
+    assert "must not look at the test split" in capsys.readouterr().err
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                               for i, t in enumerate(SENTENCES)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t.upper()}) + "\n"
+                                                for i, t in enumerate(SENTENCES)))
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                              + "".join(f"q{i}\td{i}\t1\n" for i in range(8)))
+    assert cli.main(["train-attention", "--data", str(beir), "--epochs", "1", "--out", str(tmp_path / "head-beir"),
+                     "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["objective"] == "infonce" and summary["pairs"] == 8
