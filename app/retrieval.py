@@ -66,8 +66,9 @@ def companion_name(spec: CollectionSpec, mode: str, name: str = "") -> str | Non
     if spec.kind != "multi" or mode != "two_stage":
         return None
     if not spec.companion:
-        raise RetrievalError(f"mode: collection {name!r} has no companion collection; create it with "
-                             "'companion' set, or use mode 'exhaustive' or 'tokens'", param="mode")
+        raise RetrievalError(f"mode: collection {name!r} has no companion collection for two_stage; give it "
+                             "one (the 'companion' of POST /collections, --companion of embedpool index), or "
+                             "use mode 'exhaustive' or 'tokens'", param="mode")
     return spec.companion
 
 
