@@ -2,7 +2,7 @@
 
 Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
 
-1. **What to embed** (:func:`query_embedding`): a query for a collection is embedded with the
+1. **What to embed** (:func:`collection_embedding`): a query for a collection is embedded with the
    pooler, normalization and Matryoshka dimensions the collection's manifest records, as a
    ``query``. A two_stage search also embeds the query for the companion collection, by *its*
    manifest (its pooler, its normalization, its dimensions). Embeddings that share options
