@@ -5,15 +5,16 @@ Takes a stream of records (read lazily by :class:`app.datasets.CorpusSource`: BE
 with every requested pooler -- one forward pass per tokenization plan
 for all of them -- and writes one :class:`index.Collection` per pooler spec.
 
-Resumability: every ``commit_every`` input records the job commits each collection and then
-records, in ``<collection>/indexjob.json`` (with ``backend="milvus"``: the collection property
-``embedpool.indexjob``, so the state lives and dies with the collection), how many input records
-that collection holds and the id of the last one. A rerun skips those records (checking that the
-id at that position is still the same) and continues; records between the last job-state write
-and a crash are simply upserted again (same ids replace), and the final compaction removes any
-tombstones they left, so an interrupted and resumed run ends with the same documents and vectors
-as an uninterrupted one. The job state also pins the settings (corpus, fields, model, encoder
-precision, pooler, dimensions); a rerun with different ones is refused with a message naming them.
+Resumability: every ``commit_every`` input records the job stages, in the collection property
+``embedpool.indexjob`` (on every backend: the state lives and dies with the collection), how many
+input records that collection holds and the id of the last one, then commits the collection: the
+state becomes durable with (FAISS: atomically with) the documents it describes, never before
+them. A rerun skips those records (checking that the id at that position is still the same) and
+continues; records added after the last commit are simply upserted again (same ids replace), and
+the final compaction removes any tombstones they left, so an interrupted and resumed run ends
+with the same documents and vectors as an uninterrupted one. The job state also pins the
+settings (corpus, fields, model, encoder precision, pooler, dimensions); a rerun with different
+ones is refused with a message naming them.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError
 from embedpool.index import CollectionNotFoundError, CollectionSpec, open_collection
 
-JOB_FILE = "indexjob.json"
-JOB_PROPERTY = "embedpool.indexjob"  # the job state of a Milvus collection
+JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
 JOB_VERSION = 1
 
 
@@ -64,32 +64,6 @@ def collection_name(base: str, spec: str, several: bool) -> str:
 
         name = name[:110] + "-" + hashlib.sha1(spec.encode()).hexdigest()[:12]
     return name
-
-
-def _write_json_durable(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def read_job_state(folder: Path) -> dict | None:
-    path = Path(folder) / JOB_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise IndexJobError(f"{path} is unreadable ({e}); delete it and the collection to start over") from None
 
 
 class _DeferSigint:
@@ -261,7 +235,7 @@ class IndexJob:
                         raise IndexJobError(
                             f"collection {t.name!r} already holds {len(t.coll)} documents that were not "
                             "written by `embedpool index`; use another --collection name or delete it")
-                    self._save_state(t)
+                    self._commit(t)
                     continue
                 t.committed = t.added = int(state.get("committed_records", 0))
                 t.last_id = state.get("last_id")
@@ -271,9 +245,6 @@ class IndexJob:
             raise
 
     def _read_state(self, t: Target) -> dict | None:
-        if self.backend == "faiss":
-            folder = self.data_dir / t.name
-            return read_job_state(folder) if folder.is_dir() else None
         try:
             coll = open_collection(self.data_dir, t.name, **self._where)
         except CollectionNotFoundError:
@@ -285,17 +256,17 @@ class IndexJob:
         try:
             return None if raw is None else json.loads(raw)
         except json.JSONDecodeError as e:
-            raise IndexJobError(f"job state of Milvus collection {t.name!r} is unreadable ({e}); delete "
+            raise IndexJobError(f"job state of collection {t.name!r} is unreadable ({e}); delete "
                                 "the collection to start over") from None
 
-    def _save_state(self, t: Target) -> None:
-        state = {"version": JOB_VERSION, "settings": t.settings, "committed_records": t.committed,
+    def _commit(self, t: Target) -> None:
+        """Commit ``t``'s collection together with the job state that says what it holds."""
+        state = {"version": JOB_VERSION, "settings": t.settings, "committed_records": t.added,
                  "last_id": t.last_id, "encode_seconds": round(t.encode_seconds, 3),
                  "collection": t.name, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        if self.backend == "faiss":
-            _write_json_durable(t.coll.folder / JOB_FILE, state)
-        else:
-            t.coll.set_property(JOB_PROPERTY, json.dumps(state))
+        t.coll.set_property(JOB_PROPERTY, json.dumps(state, indent=2))
+        t.coll.commit()
+        t.committed = t.added
 
     def close(self) -> None:
         for t in self.targets.values():
@@ -433,9 +404,7 @@ class IndexJob:
         for t in self.targets.values():
             if t.coll is None or t.added == t.committed:
                 continue
-            t.coll.commit()
-            t.committed = t.added
-            self._save_state(t)
+            self._commit(t)
         self._since_commit = 0
 
     def _compact_if_needed(self) -> None:
@@ -454,6 +423,7 @@ class IndexJob:
                          "companion": self.targets[self.companion].name if t.multi and self.companion else None,
                          "documents": st.get("documents"), "vectors": st.get("vectors"),
                          "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),
+                         "location": st.get("location"),
                          "encode_seconds": round(t.encode_seconds, 3)})
         secs = self.elapsed
         return {"collection": self.name, "data_dir": str(self.data_dir), "backend": self.backend,
@@ -480,7 +450,7 @@ def format_summary(s: dict[str, Any]) -> str:
     head = (f"{s['records']} records ({s['indexed_this_run']} this run) in {s['seconds']:.1f}s"
             + (f", {s['docs_per_s']:.1f} docs/s, {s['tokens_per_s']:,.0f} tokens/s" if s["docs_per_s"] else "")
             + (f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}"
-               if s.get("backend", "faiss") == "faiss" else
-               f"; in Milvus at {s['milvus_uri'] or 'the default Milvus Lite file in ' + s['data_dir']}"))
+               if all(r["bytes_on_disk"] is not None for r in s["collections"]) else
+               f"; in {s['collections'][0]['location']}"))
     cols = ["collection", "pooler", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk", "encode_seconds"]
     return head + "\n" + render_table(cols, [[r[c] for c in cols] for r in s["collections"]])

@@ -9,12 +9,19 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
     coll.add(ids, vectors, texts); coll.commit()
     hits = coll.search(queries, k=10)
 
-``Collection`` (FAISS folders) and ``MilvusCollection`` share the API of ``CollectionBase``.
+``Collection`` (FAISS folders, :mod:`index.faiss_backend`) and ``MilvusCollection``
+(:mod:`index.milvus`) implement the whole contract of ``CollectionBase`` (:mod:`index.base`).
 """
 
-from .backends import BACKENDS, delete_collection, list_collections, open_collection
-from .base import CollectionBase, Hit
-from .collection import Collection
+from .backends import (
+    BACKENDS,
+    delete_collection,
+    list_collections,
+    open_collection,
+    read_collection_manifest,
+)
+from .base import STATS_KEYS, Capabilities, CollectionBase, Hit
+from .faiss_backend import Collection
 from .errors import (
     BackendError,
     CollectionError,
@@ -35,7 +42,8 @@ from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
     "Collection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
-    "open_collection", "list_collections", "delete_collection", "BACKENDS", "BackendError",
+    "open_collection", "list_collections", "delete_collection", "read_collection_manifest",
+    "BACKENDS", "BackendError", "Capabilities", "STATS_KEYS",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize",
     "CollectionError", "IndexError_", "NotFoundError", "CollectionNotFoundError",
     "DocumentNotFoundError", "NotACollectionError", "FormatVersionError", "SpecMismatchError",

@@ -6,33 +6,68 @@
                            milvus_token=settings.milvus_token)
 
 ``spec=None`` opens an existing collection; with a spec it opens or creates (refusing a
-different spec). Both backends return a :class:`index.base.CollectionBase` with the same methods.
+different spec). Every backend returns a :class:`index.base.CollectionBase` with the same
+methods, and answers the same four module-level questions (:class:`Backend`). A new backend is a
+module with a ``CollectionBase`` subclass and a ``Backend``, named in :data:`_MODULES`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .base import CollectionBase
-from .collection import Collection
-from .collection import delete_collection as _faiss_delete
-from .collection import list_collections as _faiss_list
 from .errors import InvalidInputError
 from .spec import CollectionSpec
 
-BACKENDS = ("faiss", "milvus")
+#: backend name -> the module that holds its ``BACKEND`` (imported on first use: pymilvus is
+#: slow to import)
+_MODULES = {"faiss": "embedpool.index.faiss_backend", "milvus": "embedpool.index.milvus"}
+BACKENDS = tuple(_MODULES)
 
 
-def _milvus(data_dir: str | os.PathLike, milvus_uri: str | None) -> tuple[Any, str]:
-    from . import milvus
+@dataclass(frozen=True)
+class Where:
+    """Where collections live: a data directory (FAISS folders; the default place of a Milvus
+    Lite file) and, for a server backend, its URI and token."""
 
-    return milvus, milvus_uri or milvus.default_uri(data_dir)
+    data_dir: Path
+    uri: str | None = None
+    token: str | None = None
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
+class Backend(ABC):
+    """What every backend module provides besides its collection class."""
+
+    @abstractmethod
+    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> CollectionBase:
+        """Open ``name`` (``spec=None``) or open-or-create it with ``spec``."""
+
+    @abstractmethod
+    def list(self, where: Where) -> list[str]:
+        """Names of the collections there (sorted)."""
+
+    @abstractmethod
+    def delete(self, where: Where, name: str) -> None:
+        """Delete a collection and its data."""
+
+    @abstractmethod
+    def manifest(self, where: Where, name: str) -> dict[str, Any]:
+        """The committed manifest of ``name``, as cheaply as the backend can (no vectors loaded)."""
+
+
+def _backend(backend: str) -> Backend:
+    if backend not in _MODULES:
         raise InvalidInputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    return importlib.import_module(_MODULES[backend]).BACKEND
+
+
+def _where(data_dir: str | os.PathLike, milvus_uri: str | None, milvus_token: str | None) -> Where:
+    return Where(Path(data_dir), milvus_uri, milvus_token)
 
 
 def open_collection(data_dir: str | os.PathLike, name: str, spec: CollectionSpec | None = None, *,
@@ -47,30 +82,24 @@ def open_collection(data_dir: str | os.PathLike, name: str, spec: CollectionSpec
         milvus_uri: Milvus Lite file (``./milvus.db``) or server URI (``http://host:19530``).
         milvus_token: Milvus token (``user:password`` or an API key), if the server needs one.
     """
-    _check_backend(backend)
-    if backend == "faiss":
-        return Collection.open(data_dir, name) if spec is None else Collection.open_or_create(data_dir, name, spec)
-    milvus, uri = _milvus(data_dir, milvus_uri)
-    if spec is None:
-        return milvus.MilvusCollection.open(uri, name, token=milvus_token)
-    return milvus.MilvusCollection.open_or_create(uri, name, spec, token=milvus_token)
+    return _backend(backend).open(_where(data_dir, milvus_uri, milvus_token), name, spec)
 
 
 def list_collections(data_dir: str | os.PathLike, *, backend: str = "faiss",
                      milvus_uri: str | None = None, milvus_token: str | None = None) -> list[str]:
     """Names of the collections of a backend (sorted)."""
-    _check_backend(backend)
-    if backend == "faiss":
-        return _faiss_list(data_dir)
-    milvus, uri = _milvus(data_dir, milvus_uri)
-    return milvus.list_collections(uri, token=milvus_token)
+    return _backend(backend).list(_where(data_dir, milvus_uri, milvus_token))
 
 
 def delete_collection(data_dir: str | os.PathLike, name: str, *, backend: str = "faiss",
                       milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
     """Delete a collection and its data."""
-    _check_backend(backend)
-    if backend == "faiss":
-        return _faiss_delete(data_dir, name)
-    milvus, uri = _milvus(data_dir, milvus_uri)
-    milvus.delete_collection(uri, name, token=milvus_token)
+    _backend(backend).delete(_where(data_dir, milvus_uri, milvus_token), name)
+
+
+def read_collection_manifest(data_dir: str | os.PathLike, name: str, *, backend: str = "faiss",
+                             milvus_uri: str | None = None,
+                             milvus_token: str | None = None) -> dict[str, Any]:
+    """The committed manifest of collection ``name`` (spec, counts at the last commit, times),
+    without opening it: listing many collections does not load their vectors."""
+    return _backend(backend).manifest(_where(data_dir, milvus_uri, milvus_token), name)

@@ -1,23 +1,38 @@
-"""What every collection backend shares: the public API, argument checks and search dispatch.
+"""The storage contract: every collection backend implements :class:`CollectionBase`.
 
-A backend (:class:`index.collection.Collection` on FAISS, :class:`index.milvus.MilvusCollection`
-on Milvus) subclasses :class:`CollectionBase` and implements the storage hooks (``_search_*``,
-``_rerank``, ``_candidate_ids``, ``_open_sibling``). Candidate generation and ranking are
-separate pieces, as in PyLate: ``two_stage`` asks any single-vector collection -- of either
-backend -- for candidate ids, then the multi-vector collection reranks them by exact MaxSim.
+As in PyLate's ``indexes/base.py``, the base class declares the whole public API as abstract
+methods, so a caller (``app/``) never needs to know which backend it holds; backends differ only
+behind it. What a backend can do differently is data, not a name to test: :class:`Capabilities`.
+``stats()`` returns the same keys on every backend (:data:`STATS_KEYS`), built with
+:func:`make_stats`.
+
+The base also holds what the backends share: argument checks and the search dispatch. Candidate
+generation and ranking are separate pieces, as in PyLate: ``two_stage`` asks any single-vector
+collection -- of either backend -- for candidate ids, then the multi-vector collection reranks
+them by exact MaxSim (a backend implements the ``_search_*``/``_rerank``/``_candidate_ids``
+hooks).
+
+Properties (:meth:`CollectionBase.set_property`) are small strings stored with the collection:
+they survive a reopen and are deleted with it. A property set is *staged*: it becomes durable
+with the next :meth:`CollectionBase.commit`, together with (FAISS: in the same transaction) or
+right after (Milvus: after the flush) the data written before that commit. So a property that
+describes the data (the indexing job's resume state: "the first N records are in") can never
+claim more than is committed: stage it, then commit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .errors import DocumentNotFoundError, InvalidInputError, SpecMismatchError
-from .spec import CollectionSpec
+from .spec import CollectionSpec, check_name
 from .validate import (
     as_matrix,
     check_ids,
@@ -32,6 +47,9 @@ from .validate import (
 
 MODES = ("exhaustive", "tokens", "two_stage")
 
+#: The property under which a backend without files (Milvus) keeps the manifest; reserved.
+MANIFEST_PROPERTY = "embedpool.manifest"
+
 
 @dataclass
 class Hit:
@@ -43,6 +61,67 @@ class Hit:
     metadata: dict | None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a collection can do, as data (ask these instead of the backend's name).
+
+    Attributes:
+        supports_token_ann: ``search(mode="tokens")`` is available (multi-vector collections).
+        token_index_on_insert: the token-level ANN index is kept up to date by ``add`` (Milvus);
+            otherwise ``build_token_index()`` or the first ``tokens`` search builds it (FAISS).
+        transactional: ``add``/``delete`` are invisible to other openers until ``commit()`` and
+            discarded by ``close()`` without it (FAISS); otherwise applied at once (Milvus:
+            ``commit()`` flushes).
+        measures_disk_usage: ``stats()["bytes_on_disk"]`` is measured (else ``None``).
+        multi_process: other processes may open the collection at the same time (FAISS folders,
+            Milvus servers; not a Milvus Lite file, which one process holds).
+    """
+
+    supports_token_ann: bool
+    token_index_on_insert: bool
+    transactional: bool
+    measures_disk_usage: bool
+    multi_process: bool
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The storage statistics of a collection; the same fields on every backend.
+
+    Attributes:
+        documents: live documents.
+        vectors: live vectors (single-vector: equal to ``documents``).
+        bytes_on_disk: bytes of the collection's files, ``None`` where the backend cannot tell.
+        bytes_per_doc: vector storage per live document.
+        tombstones: deleted or replaced documents whose vectors still take space (``compact()``
+            removes them; 0 where the backend compacts by itself).
+        segments: append-only vector segments (FAISS multi-vector), ``None`` where not applicable.
+        token_index: a token-level ANN index exists (multi-vector; ``False`` for single).
+        index_type: the vector index, as the backend names it (FAISS factory, Milvus index type).
+        backend: the backend's name, for people (``faiss``, ``milvus``).
+        location: where the collection lives, for people (a folder, a Milvus URI).
+    """
+
+    documents: int
+    vectors: int
+    bytes_on_disk: int | None
+    bytes_per_doc: float
+    tombstones: int
+    segments: int | None
+    token_index: bool
+    index_type: str
+    backend: str
+    location: str
+
+
+STATS_KEYS = tuple(f.name for f in dataclasses.fields(Stats))
+
+
+def make_stats(**values: Any) -> dict[str, Any]:
+    """The ``stats()`` dict: every key of :class:`Stats`, no other (a missing one is a bug)."""
+    return dataclasses.asdict(Stats(**values))
+
+
 def check_spec_matches(existing: CollectionSpec, requested: CollectionSpec, name: str) -> None:
     """Refuse to open ``name`` with a spec that differs from the one it was created with."""
     diffs = existing.differences(requested)
@@ -52,58 +131,167 @@ def check_spec_matches(existing: CollectionSpec, requested: CollectionSpec, name
             "use another collection name, or delete the collection first")
 
 
-class CollectionBase:
-    """Public API shared by the backends. Subclasses set ``name``, ``spec`` and ``backend``."""
+def check_new_spec(name: str, spec: Any) -> CollectionSpec:
+    """The name and spec of a collection to create, checked (:class:`InvalidInputError`)."""
+    check_name(name)
+    if not isinstance(spec, CollectionSpec):
+        raise InvalidInputError("spec must be a CollectionSpec")
+    return spec.validate()
+
+
+def require_spec(coll: "CollectionBase", spec: CollectionSpec) -> "CollectionBase":
+    """``coll`` if it was created with ``spec``; else close it and raise
+    :class:`SpecMismatchError` naming the differing fields (open-or-create)."""
+    try:
+        check_spec_matches(coll.spec, spec, coll.name)
+    except BaseException:
+        coll.close()
+        raise
+    return coll
+
+
+def check_property(key: Any, value: Any) -> None:
+    """A property key is a non-empty string other than the manifest's; values are strings."""
+    if not isinstance(key, str) or not key or key == MANIFEST_PROPERTY:
+        raise InvalidInputError(f"property key {key!r} is reserved or empty")
+    if not isinstance(value, str):
+        raise InvalidInputError("property values are strings")
+
+
+class CollectionBase(ABC):
+    """The public API of a collection, whatever stores it. Subclasses set ``name``, ``spec``,
+    ``capabilities`` and ``backend`` and implement every abstract method with the semantics
+    documented here (a contract test runs the same checks over every backend)."""
 
     name: str
     spec: CollectionSpec
-    backend: str = ""
+    capabilities: Capabilities
+    backend: ClassVar[str] = ""
     _manifest: dict[str, Any]
 
     def __init__(self) -> None:
         self._companion_lock = threading.Lock()
         self._companion: CollectionBase | None = None
 
-    # ---- hooks ----------------------------------------------------------------------------
+    # ---- the contract: writes -------------------------------------------------------------
+    @abstractmethod
+    def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
+            metadata: Sequence[dict | None] | None = None, *, model: str | None = None,
+            pooler: str | None = None) -> None:
+        """Insert or replace documents. Validates the whole batch first; on any error nothing
+        changes. Visible to this object's searches at once, durable after :meth:`commit`.
+
+        Args:
+            ids: external string ids, unique within the batch.
+            vectors: single: ``[n, dim]`` array; multi: ``n`` arrays ``[n_i, dim]`` (``n_i >= 1``).
+            texts: optional text per document.
+            metadata: optional JSON-serializable dict per document.
+            model, pooler: if given, must equal the manifest's (guards against mixing models).
+        """
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> None:
+        """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make every change since the last commit durable -- documents and staged properties."""
+
+    @abstractmethod
+    def compact(self) -> None:
+        """Reclaim the space of deleted and replaced documents (``tombstones``), then commit."""
+
+    @abstractmethod
+    def build_token_index(self) -> None:
+        """Multi-vector: make the token-level ANN index ready now (:class:`InvalidInputError`
+        for single-vector collections)."""
+
+    # ---- the contract: properties ----------------------------------------------------------
+    @abstractmethod
+    def get_property(self, key: str) -> str | None:
+        """The property ``key`` (``None`` if never set): this object's staged value if any,
+        else the committed one."""
+
+    @abstractmethod
+    def set_property(self, key: str, value: str) -> None:
+        """Stage ``value`` under ``key``; durable with the next :meth:`commit` (module docstring)."""
+
+    # ---- the contract: reads ---------------------------------------------------------------
+    @abstractmethod
+    def get(self, id: str) -> dict[str, Any]:
+        """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi,
+        float32 ``[n_i, dim]``). Unknown id: :class:`DocumentNotFoundError`."""
+
+    @abstractmethod
+    def ids(self) -> list[str]:
+        """All document ids, in insertion order (a replaced document moves to the end)."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Storage statistics: exactly the keys of :class:`Stats` (use :func:`make_stats`)."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Live documents (0 once closed)."""
+
+    @abstractmethod
+    def __contains__(self, id: object) -> bool:
+        """Whether a document with this id exists."""
+
+    # ---- the contract: lifecycle -----------------------------------------------------------
+    @abstractmethod
+    def refresh(self) -> bool:
+        """Pick up commits made by other writers since this object loaded; True if it reloaded.
+        :class:`CollectionNotFoundError` if the collection was deleted meanwhile. Cheap when
+        nothing changed (call it before serving a request)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the collection (idempotent). Uncommitted changes of a transactional backend
+        are discarded."""
+
+    # ---- hooks of the shared search ------------------------------------------------------
+    @abstractmethod
     def _check_open(self) -> None:
-        raise NotImplementedError
+        """Raise :class:`InvalidInputError` if closed."""
 
+    @abstractmethod
     def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
-        raise NotImplementedError
+        """Top-k of single-vector queries ``[q, dim]``."""
 
+    @abstractmethod
     def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
-        raise NotImplementedError
+        """Exact MaxSim of each query against every document."""
 
+    @abstractmethod
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
-        raise NotImplementedError
+        """Candidates from the token ANN (``k_token`` per query token), then exact MaxSim."""
 
+    @abstractmethod
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
         """Exact MaxSim of each query against its candidate documents (external ids)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
-        raise NotImplementedError
+        """Ids only of the top-k documents per single-vector query."""
 
+    @abstractmethod
     def _open_sibling(self, name: str) -> "CollectionBase":
         """Open collection ``name`` of the same backend and location (the companion)."""
-        raise NotImplementedError
+
+    @abstractmethod
+    def _counts(self) -> dict[str, int]:
+        """``{"documents": ..., "vectors": ...}`` of the current state."""
 
     def _sync(self) -> None:
         """Pick up commits made elsewhere since opening, if that is safe now (companions)."""
 
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def _counts(self) -> dict[str, int]:
-        """``{"documents": ..., "vectors": ...}`` of the current state."""
-        raise NotImplementedError
-
+    # ---- shared ----------------------------------------------------------------------------
     @property
     def manifest(self) -> dict[str, Any]:
         """The manifest, with the counts of the current (in-process) state."""
         return {**self._manifest, "counts": self._counts()}
 
-    # ---- writes -----------------------------------------------------------------------------
     def _check_add(self, ids: Sequence[str], vectors: Any, texts: Any, metadata: Any,
                    model: str | None, pooler: str | None):
         """Validate a whole ``add`` batch: ``(ids, vectors, texts, metadata JSON strings)``."""
@@ -128,7 +316,12 @@ class CollectionBase:
                 f"{len(unknown)} id(s) not in collection {self.name!r}: {preview(unknown)}; "
                 "nothing was deleted")
 
-    # ---- reads ------------------------------------------------------------------------------
+    def _check_token_index(self) -> None:
+        """``build_token_index`` applies to collections with a token ANN only."""
+        self._check_open()
+        if not self.capabilities.supports_token_ann:
+            raise InvalidInputError("build_token_index applies to multi-vector collections only")
+
     def search(self, queries: Any, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
                k_token: int = 32, companion_queries: Any = None,
                companion: "CollectionBase | None" = None) -> list[list[Hit]]:

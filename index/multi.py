@@ -6,23 +6,27 @@ codes, ``seg-<id>.aux.npz`` the document offsets, internal ids and int8 scales).
 removed or replaced later is a tombstone: its internal id is no longer in the document store,
 so it is masked out of every search; :meth:`MultiStore.compacted` merges the live documents
 into one new segment.
+
+Its state in the document store: the ``segments`` rows, ``next_seg_id`` and ``token_index``
+(``{"file": "tokens-<gen>.faiss", "segments": [...]}``: the segments whose tokens it holds).
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
+from typing import Any
 
 import faiss
 import numpy as np
 
-from ._util import fsync_dir
+from .durable import fsync_dir, write_durable
 from .errors import CorruptCollectionError, TrainingError
 from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
-from .spec import CollectionSpec, _first_line
 from .single import min_training_vectors
+from .spec import CollectionSpec, _first_line
+from .vectors import StoreCommit, StoreState, VectorStore
 
 TOKEN_TRAIN_SAMPLE = 100_000
 _ADD_CHUNK = 65_536
@@ -123,11 +127,12 @@ class Segment:
     def write(self, folder: Path) -> None:
         """Write the segment files durably (fsync each file; the caller fsyncs the folder)."""
         vec_name, aux_name = seg_files(self.seg_id)
-        _write_fsync(folder / vec_name, lambda f: np.save(f, np.ascontiguousarray(self.codes)))
+        write_durable(folder / vec_name, lambda f: np.save(f, np.ascontiguousarray(self.codes)),
+                      sync_dir=False)
         aux = {"offsets": self.offsets, "doc_ids": self.doc_ids}
         if self.scales is not None:
             aux["scales"] = self.scales
-        _write_fsync(folder / aux_name, lambda f: np.savez(f, **aux))
+        write_durable(folder / aux_name, lambda f: np.savez(f, **aux), sync_dir=False)
 
     @classmethod
     def read(cls, folder: Path, seg_id: int, live_ids: np.ndarray) -> "Segment":
@@ -147,20 +152,16 @@ class Segment:
         return dequantize(codes, scales), np.repeat(self.doc_ids[rows], np.diff(offs))
 
 
-def _write_fsync(path: Path, writer) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        writer(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class MultiStore:
+class MultiStore(VectorStore):
     """All segments of a multi-vector collection plus the uncommitted (pending) one."""
 
-    def __init__(self, spec: CollectionSpec) -> None:
+    META_KEYS = ("next_seg_id", "token_index")
+    supports_token_ann = True
+
+    def __init__(self, spec: CollectionSpec, next_seg_id: int = 0) -> None:
         self.spec = spec
+        self.next_seg_id = next_seg_id  # id of the next new segment
+        self.reset_segments = False  # compacted: the next commit replaces every segment row
         self.segments: list[Segment] = []  # committed, then the pending one last (if any)
         self.loc: dict[int, tuple[Segment, int]] = {}  # live int id -> (segment, row)
         self.token_index: faiss.Index | None = None
@@ -169,9 +170,20 @@ class MultiStore:
 
     # ---- loading ------------------------------------------------------------------------
     @classmethod
-    def load(cls, spec: CollectionSpec, folder: Path, seg_ids: Sequence[int], live_ids: np.ndarray,
-             token_meta: dict | None) -> "MultiStore":
-        store = cls(spec)
+    def required_files(cls, state: StoreState) -> list[str]:
+        return [f for sid, _, _ in state.segments for f in seg_files(sid)]
+
+    @classmethod
+    def committed_files(cls, state: StoreState) -> list[str]:
+        token_meta = state.meta.get("token_index")
+        return cls.required_files(state) + ([token_meta["file"]] if token_meta else [])
+
+    @classmethod
+    def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
+             live_ids: np.ndarray) -> "MultiStore":
+        store = cls(spec, int(state.meta.get("next_seg_id") or 0))
+        seg_ids = [s[0] for s in state.segments]
+        token_meta = state.meta.get("token_index")
         live_ids = np.asarray(live_ids, dtype=np.int64)
         for sid in seg_ids:
             seg = Segment.read(folder, sid, live_ids)
@@ -197,10 +209,11 @@ class MultiStore:
     def pending(self) -> Segment | None:
         return self.segments[-1] if self.segments and not self.segments[-1].committed else None
 
-    def add(self, int_ids: np.ndarray, docs: Sequence[np.ndarray], seg_id: int) -> None:
+    def add(self, int_ids: np.ndarray, docs: Sequence[np.ndarray]) -> None:
         pend = self.pending
         if pend is None:
-            pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision)
+            pend = Segment.pending(self.next_seg_id, self.spec.dim, self.spec.precision)
+            self.next_seg_id += 1
             self.segments.append(pend)
         lens = np.array([len(d) for d in docs], dtype=np.int64)
         codes, scales = quantize(np.concatenate(docs, axis=0), self.spec.precision)
@@ -215,28 +228,29 @@ class MultiStore:
             seg, row = self.loc.pop(int(i))
             seg.live[row] = False
 
-    def write_pending(self, folder: Path) -> tuple[int, int, int] | None:
-        """Write the pending segment's files; returns (seg_id, n_docs, n_vectors) or None."""
+    @property
+    def dirty(self) -> bool:
         pend = self.pending
-        if pend is None or pend.n_docs == 0:
-            return None
-        pend.write(folder)
-        fsync_dir(folder)
-        return pend.seg_id, pend.n_docs, pend.n_vectors
+        return bool(pend is not None and pend.n_docs) or self.reset_segments or \
+            (self.token_index is not None and self.token_dirty)
 
-    def write_token_index(self, path: Path) -> dict:
-        tmp = path.with_name(path.name + ".tmp")
-        faiss.write_index(self.token_index, str(tmp))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-        return {"file": path.name, "segments": sorted(self.token_segments)}
+    def write(self, folder: Path, gen: int) -> StoreCommit:
+        """The pending segment's files, and the token index (``tokens-<gen>.faiss``) if it
+        changed."""
+        out = StoreCommit(meta={"next_seg_id": self.next_seg_id}, reset_segments=self.reset_segments)
+        pend = self.pending
+        if pend is not None and pend.n_docs:
+            pend.write(folder)
+            fsync_dir(folder)
+            out.new_segment = (pend.seg_id, pend.n_docs, pend.n_vectors)
+        if self.token_index is not None and self.token_dirty:
+            name = f"tokens-{gen:08d}.faiss"
+            write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.token_index, tmp))
+            out.meta["token_index"] = {"file": name, "segments": sorted(self.token_segments)}
+        return out
 
-    def mark_committed(self) -> None:
+    def mark_committed(self, commit: StoreCommit) -> None:
+        self.reset_segments = False
         pend = self.pending
         if pend is not None:
             if pend.n_docs == 0:
@@ -246,9 +260,14 @@ class MultiStore:
                 # rows keep their numbers; re-point loc entries at the (same) segment object
         self.token_dirty = False
 
-    def compacted(self, seg_id: int) -> "MultiStore":
-        """A new store holding the live documents in one pending segment ``seg_id``."""
-        new = MultiStore(self.spec)
+    def compacted(self) -> "MultiStore | None":
+        """A new store holding the live documents in one pending segment (None if there is one
+        segment without tombstones)."""
+        if sum(s.n_docs for s in self.segments) == self.n_docs and len(self.segments) <= 1:
+            return None
+        seg_id = self.next_seg_id
+        new = MultiStore(self.spec, seg_id + 1)
+        new.reset_segments = True
         parts_codes, parts_scales, lens, ids = [], [], [], []
         for seg in self.segments:
             rows = np.flatnonzero(seg.live)
@@ -325,10 +344,20 @@ class MultiStore:
             x = x[np.random.default_rng(0).choice(len(x), n, replace=False)]
         return np.ascontiguousarray(x)
 
-    # ---- search -------------------------------------------------------------------------
+    # ---- reads --------------------------------------------------------------------------
     @property
     def n_docs(self) -> int:
         return len(self.loc)
+
+    def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
+        seg, row = self.loc[int(int_id)]
+        return {"vectors": seg.dequantized(np.array([row]))[0]}
+
+    def storage_stats(self, folder: Path) -> dict[str, Any]:
+        return {"bytes_per_doc": self.bytes_per_doc(),
+                "tombstones": sum(s.n_docs for s in self.segments) - self.n_docs,
+                "segments": len(self.segments), "token_index": self.token_index is not None,
+                "index_type": self.spec.token_factory}
 
     def live_vectors(self) -> int:
         return int(sum(int(np.diff(s.offsets)[s.live].sum()) for s in self.segments))

@@ -1,17 +1,21 @@
-"""Single-vector store: one FAISS index (built by ``index_factory``) keyed by internal int64 ids."""
+"""Single-vector store: one FAISS index (built by ``index_factory``) keyed by internal int64 ids.
+
+Committed as one file per commit, ``vectors-<gen>.faiss``, named by the ``vector_file`` meta key.
+"""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
-from ._util import fsync_dir
+from .durable import write_durable
 from .errors import CorruptCollectionError, TrainingError
 from .spec import CollectionSpec, _faiss_metric, _first_line
+from .vectors import StoreCommit, StoreState, VectorStore
 
 HNSW_EF_SEARCH = 64
 
@@ -44,16 +48,20 @@ def recommended_training_vectors(factory: str) -> int:
     return rec
 
 
-class SingleStore:
+class SingleStore(VectorStore):
     """A FAISS index with ids. Indexes that cannot remove (HNSW) keep removed ids as ``dead``:
     they are filtered out of search results (over-fetching) until :meth:`rebuilt`."""
 
-    def __init__(self, spec: CollectionSpec, index: faiss.Index) -> None:
+    META_KEYS = ("vector_file",)
+    dirty = False  # index changed since last write
+
+    def __init__(self, spec: CollectionSpec, index: faiss.Index, file: str | None = None) -> None:
         self.spec = spec
         self.index = index
+        self.file = file  # the committed index file
         self.dead: set[int] = set()
         self._dead_arr: np.ndarray | None = None
-        self.dirty = False  # index changed since last write
+        self.dirty = False
         self.removable = _probe_removable(index)
         self.hnsw = _is_hnsw(index)
 
@@ -74,9 +82,15 @@ class SingleStore:
         return cls(spec, idx)
 
     @classmethod
-    def load(cls, spec: CollectionSpec, path: Path | None, live_ids: np.ndarray) -> "SingleStore":
+    def committed_files(cls, state: StoreState) -> list[str]:
+        return [state.meta["vector_file"]] if state.meta.get("vector_file") else []
+
+    @classmethod
+    def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
+             live_ids: np.ndarray) -> "SingleStore":
         """Load the committed index file and check it holds exactly the live documents."""
-        store = cls.empty(spec) if path is None else cls(spec, faiss.read_index(str(path)))
+        name = state.meta.get("vector_file")
+        store = cls.empty(spec) if not name else cls(spec, faiss.read_index(str(folder / name)), name)
         live = np.asarray(live_ids, dtype=np.int64)
         idx = store.index
         if isinstance(idx, faiss.IndexIDMap2):
@@ -95,7 +109,8 @@ class SingleStore:
         return store
 
     # ---- writes -------------------------------------------------------------------------
-    def check_trainable(self, n: int) -> None:
+    def check_add(self, n: int) -> None:
+        """The first batch trains the index: refuse one too small to train on."""
         if self.index.is_trained:
             return
         need = min_training_vectors(self.spec.factory)
@@ -108,7 +123,7 @@ class SingleStore:
 
     def add(self, int_ids: np.ndarray, x: np.ndarray) -> None:
         if not self.index.is_trained:
-            self.check_trainable(len(x))
+            self.check_add(len(x))
             try:
                 self.index.train(x)
             except RuntimeError as e:
@@ -127,13 +142,27 @@ class SingleStore:
             self.dead.update(ids.tolist())
             self._dead_arr = None
 
-    def reconstruct(self, int_id: int) -> np.ndarray:
-        return self.index.reconstruct(int(int_id))
+    def compacted(self) -> "SingleStore | None":
+        return self.rebuilt() if self.dead else None
 
-    # ---- search -------------------------------------------------------------------------
+    # ---- reads --------------------------------------------------------------------------
+    def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
+        return {"vector": self.index.reconstruct(int(int_id))}
+
     @property
-    def live_count(self) -> int:
+    def n_docs(self) -> int:
         return int(self.index.ntotal) - len(self.dead)
+
+    def live_vectors(self) -> int:
+        return self.n_docs
+
+    def storage_stats(self, folder: Path) -> dict[str, Any]:
+        """bytes_per_doc: the committed index file over the vectors it holds."""
+        per_doc = 0.0
+        if self.file and (folder / self.file).is_file() and self.index.ntotal:
+            per_doc = (folder / self.file).stat().st_size / self.index.ntotal
+        return {"bytes_per_doc": per_doc, "tombstones": len(self.dead), "segments": None,
+                "token_index": False, "index_type": self.spec.factory}
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (scores, int ids) per query; rows padded with -1 ids when fewer exist."""
@@ -152,7 +181,7 @@ class SingleStore:
                 keep = (I >= 0) & ~np.isin(I, self._dead_arr)
             else:
                 keep = I >= 0
-            if kk >= ntotal or bool((keep.sum(axis=1) >= min(k, self.live_count)).all()):
+            if kk >= ntotal or bool((keep.sum(axis=1) >= min(k, self.n_docs)).all()):
                 break
             kk = min(ntotal, kk * 4)
         for r in range(nq):  # loop over queries (at most k results each)
@@ -167,21 +196,22 @@ class SingleStore:
         return self.index.search(x, kk)
 
     # ---- persistence --------------------------------------------------------------------
-    def write(self, path: Path) -> None:
-        """Write the index to ``path`` durably (tmp file, fsync, rename, fsync dir)."""
-        tmp = path.with_name(path.name + ".tmp")
-        faiss.write_index(self.index, str(tmp))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+    def write(self, folder: Path, gen: int) -> StoreCommit:
+        """A changed index goes to a new file, ``vectors-<gen>.faiss``."""
+        if not self.dirty:
+            return StoreCommit()
+        name = f"vectors-{gen:08d}.faiss"
+        write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.index, tmp))
+        return StoreCommit(meta={"vector_file": name})
+
+    def mark_committed(self, commit: StoreCommit) -> None:
+        self.dirty = False
+        self.file = commit.meta.get("vector_file", self.file)
 
     def rebuilt(self) -> "SingleStore":
         """A new store with only the live vectors (same ids): drops HNSW tombstones."""
         new = SingleStore.empty(self.spec)
+        new.file = self.file
         idx = self.index
         if isinstance(idx, faiss.IndexIDMap2) and idx.ntotal:
             ids = faiss.vector_to_array(idx.id_map).astype(np.int64)

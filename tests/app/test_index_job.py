@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
-from embedpool.app.indexing import JOB_FILE, IndexJob, IndexJobError, collection_name
-from embedpool.index import Collection
+from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
+from embedpool.index import Collection, CollectionError
 
 ROOT = Path(__file__).resolve().parents[2]
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
@@ -44,9 +44,12 @@ def _corpus(path: Path, data_dir: Path, n: int, chars: int = 400) -> list[Record
 
 
 def _state(folder: Path) -> dict | None:
+    """The job state committed in the collection at ``folder`` (None while there is none)."""
     try:
-        return json.loads((folder / JOB_FILE).read_text())
-    except (OSError, ValueError):
+        with Collection.open(folder.parent, folder.name) as coll:
+            raw = coll.get_property(JOB_PROPERTY)
+        return json.loads(raw) if raw else None
+    except (OSError, ValueError, CollectionError):
         return None
 
 
@@ -161,6 +164,43 @@ def test_ctrl_c_commits_and_resumes(embedder, data_dir, tmp_path):
     with IndexJob(embedder, ref, "sf", ["mean", "tokens"], source=src.describe(), progress=False) as job:
         job.run(src.records())
     _assert_same_collections(out, ref, ["sf-mean", "sf-tokens"], n)
+
+
+def test_a_collection_with_the_old_job_file_resumes(embedder, data_dir, tmp_path):
+    """Collections indexed before the job state became a collection property kept it in
+    ``<collection>/indexjob.json``: a rerun resumes from that file, and its next commit moves the
+    state into the collection (the file goes)."""
+    import sqlite3
+
+    n = 16
+    corpus = tmp_path / "corpus.jsonl"
+    _corpus(corpus, data_dir, n, chars=120)
+    src = CorpusSource(str(corpus))
+    out = tmp_path / "old"
+
+    def first_half():
+        for i, r in enumerate(src.records()):
+            if i == 8:
+                raise KeyboardInterrupt
+            yield r
+
+    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), batch_docs=4, progress=False) as job:
+        with pytest.raises(KeyboardInterrupt):
+            job.run(first_half())
+    # turn it into the old layout: the state in indexjob.json, nothing in the document store
+    state = _state(out / "c")
+    assert state["committed_records"] == 8
+    (out / "c" / "indexjob.json").write_text(json.dumps(state, indent=2) + "\n")
+    with sqlite3.connect(out / "c" / "docs.sqlite") as db:
+        db.execute("DELETE FROM meta WHERE key = ?", ("property:" + JOB_PROPERTY,))
+    assert _state(out / "c") == state  # read through the old file
+
+    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), batch_docs=4, progress=False) as job:
+        assert job.start == 8
+        s = job.run(src.records())
+    assert s["indexed_this_run"] == 8 and s["collections"][0]["documents"] == n
+    assert not (out / "c" / "indexjob.json").exists()
+    assert _state(out / "c")["committed_records"] == n
 
 
 def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp_path):

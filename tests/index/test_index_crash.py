@@ -87,7 +87,7 @@ def test_sigkill_during_writes_leaves_last_commit(tmp_path, kind):
             # no leftovers of the interrupted commit once a reader opened without a writer around
             files = managed_files(data_dir / NAME)
             if kind == "single":
-                assert files == ({coll._vec_file} if c else set())
+                assert files == ({coll._vec.file} if c else set())
             else:
                 assert len(files) == 2 * coll.stats()["segments"]
         finally:

@@ -32,7 +32,7 @@ from embedpool.index import (  # noqa: E402
     list_collections,
     open_collection,
 )
-from embedpool.index.milvus import MANIFEST_KEY, _Clients, embedpool_name, milvus_index, milvus_name  # noqa: E402
+from embedpool.index.milvus import MANIFEST_KEY, ClientPool, embedpool_name, milvus_index, milvus_name  # noqa: E402
 from index_testutil import rand_docs, rand_unit  # noqa: E402
 
 DIM = 16
@@ -49,9 +49,9 @@ def _lite_servers() -> dict:
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("milvus") / "test.db")
-    key, _ = _Clients.acquire(path, None)  # anchor: keep the engine up for the whole module
+    anchor = ClientPool.acquire(path, None)  # keep the engine up for the whole module
     yield path
-    _Clients.release(key)
+    ClientPool.release(anchor)
     assert not any(p.startswith(str(Path(path).parent)) for p in _lite_servers()), \
         "Milvus Lite engine still running after the last collection closed"
 
@@ -244,6 +244,30 @@ def test_reopen_after_engine_restart(tmp_path, rng):
     assert str(Path(path).resolve()) not in _lite_servers()
 
 
+def test_engine_death_fails_clearly_then_recovers(tmp_path, rng):
+    """The Milvus Lite engine behind a .db (milvus-lite 3 runs it in this process, as a gRPC
+    server) dies under an open collection: calls fail with a BackendError that says Milvus is
+    unreachable; the next call starts a new engine for the same file, and the collection --
+    loaded again -- answers as before. No restart of the process, no reopening by the caller."""
+    path = str(tmp_path / "dies.db")
+    coll = open_collection(tmp_path, "c", SPEC, backend="milvus", milvus_uri=path)
+    try:
+        ids, x = _fill(coll, rng)
+        coll.commit()
+        before = _ranked(coll.search(x[:3], k=5))
+        server = _lite_servers()[str(Path(path).resolve())][0]
+        server.stop(grace=0).wait(10)  # the engine's gRPC server is gone
+        with pytest.raises(BackendError, match=r"Milvus at .*dies\.db is unreachable"):
+            coll.search(x[:3], k=5)
+        assert _ranked(coll.search(x[:3], k=5)) == before  # a new engine, the same data
+        assert len(coll) == 40 and coll.get("d7")["text"] == "text d7"
+        coll.add(["after"], rand_unit(rng, 1, DIM))
+        assert "after" in coll
+    finally:
+        coll.close()
+    assert str(Path(path).resolve()) not in _lite_servers()
+
+
 def test_unreachable_server_is_a_backend_error():
     with pytest.raises(BackendError, match="cannot connect"):
         MilvusCollection.open("http://127.0.0.1:9", "c")
@@ -370,7 +394,7 @@ def test_factory_defaults_to_faiss(tmp_path):
 
 def test_full_scans_page_through_everything(mv, rng, monkeypatch):
     """ids() and exhaustive search read Milvus page by page (pk order); odd ids survive quoting."""
-    import embedpool.index.milvus as im
+    import embedpool.index.milvus.collection as im
 
     ids = [f"k{i}" for i in range(120)] + ['we"ird\\id', "tab\there"]
     single = mv("s")

@@ -210,7 +210,7 @@ def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
     coll = Collection.open(coll_dir, "h")
     assert coll._vec.index.ntotal == 100 and coll.stats()["tombstones"] == 0
     assert coll.search(x[5:6], k=1)[0][0].id == "d5"
-    assert managed_files(coll_dir / "h") == {coll._vec_file}
+    assert managed_files(coll_dir / "h") == {coll._vec.file}
     coll.close()
 
 

@@ -1,9 +1,11 @@
-"""Collections: a named folder holding a manifest, a vector store and a document store.
+"""The FAISS backend: a collection is a named folder holding a manifest, a vector store and a
+document store.
 
 On-disk layout of ``<data_dir>/<name>/``::
 
     manifest.json            spec + format version + counts/times (rewritten after each commit)
-    docs.sqlite (+ -wal)     documents, counters, and the names of the current vector files
+    docs.sqlite (+ -wal)     documents, counters, properties, and the names of the current
+                             vector files
     writer.lock              flock held by the process that has uncommitted writes
     vectors-<gen>.faiss      single: the FAISS index of commit <gen>
     seg-<id>.vec.npy         multi: token codes of one append-only segment
@@ -11,10 +13,15 @@ On-disk layout of ``<data_dir>/<name>/``::
     tokens-<gen>.faiss       multi: the token ANN index (once built)
 
 Commit protocol (crash-safe at every instruction): new vector files are written under new
-names (``.tmp``, fsync, rename, fsync dir); then one SQLite transaction (WAL,
-``synchronous=FULL``) writes the document rows and the names of the new files -- that COMMIT is
-the durable point. Files that the database does not name are stale leftovers of an unfinished
-commit and are deleted by the next writer (or by an opener when no writer is active).
+names (:func:`index.durable.write_durable`); then one SQLite transaction (WAL,
+``synchronous=FULL``) writes the document rows, the staged properties and the names of the new
+files -- that COMMIT is the durable point. Files that the database does not name are stale
+leftovers of an unfinished commit and are deleted by the next writer (or by an opener when no
+writer is active).
+
+Properties live in the ``meta`` table as ``property:<key>``. Collections indexed before
+properties existed kept the indexing job's state in ``indexjob.json``: it reads as the property
+``embedpool.indexjob`` until a commit stores that property, which removes the file.
 """
 
 from __future__ import annotations
@@ -23,18 +30,26 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._util import FileLock, RWLock, fsync_dir, now_iso, remove_quietly, write_durable_bytes
+from .backends import Backend, Where
+from .base import (
+    Capabilities,
+    CollectionBase,
+    Hit,
+    check_new_spec,
+    check_property,
+    make_stats,
+    require_spec,
+)
 from .docstore import DB_NAME, DocStore
+from .durable import fsync_dir, now_iso, remove_quietly, write_durable_bytes
 from .errors import (
     CollectionLockedError,
     CollectionNotFoundError,
@@ -42,29 +57,37 @@ from .errors import (
     DocumentNotFoundError,
     InvalidInputError,
     NotACollectionError,
-    SpecMismatchError,
 )
-from .base import CollectionBase, Hit, check_spec_matches
-from .multi import MultiStore, seg_files
+from .folders import LOCK_FILE, collection_manifest, create_folder, delete_collection, list_collections
+from .locks import FileLock, RWLock
+from .multi import MultiStore
 from .single import SingleStore
-from .spec import FORMAT_VERSION, MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
+from .spec import MANIFEST, CollectionSpec
 from .validate import topk
+from .vectors import StoreCommit, StoreState, VectorStore
 
 log = logging.getLogger("embedpool.index")
 
-__all__ = ["Collection", "Hit", "list_collections", "delete_collection"]
+__all__ = ["Collection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
-LOCK_FILE = "writer.lock"
 _MANAGED = re.compile(r"^(vectors-\d+\.faiss|tokens-\d+\.faiss|seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
+STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
+PROPERTY_PREFIX = "property:"
+#: properties that format-1 collections kept in files of their own (read until migrated)
+LEGACY_PROPERTY_FILES = {"embedpool.indexjob": "indexjob.json"}
+#: how long a writer waits for the folder lock held by a reader's or deleter's brief cleanup
+WRITER_LOCK_WAIT = 1.0
 
 
 class Collection(CollectionBase):
-    """A persistent single- or multi-vector collection. Use :meth:`create` / :meth:`open`.
+    """A persistent single- or multi-vector collection in a folder. Use :meth:`create` /
+    :meth:`open` (or :func:`index.open_collection`).
 
     Thread-safety: one writer (``add``/``delete``/``commit``/``compact``) and any number of
     searching threads; a search sees the collection either before or after a whole ``add``.
     Across processes: one writer at a time (others get :class:`CollectionLockedError`); readers in
-    other processes see the state committed when they opened the collection.
+    other processes see the state committed when they opened the collection, and later commits
+    after :meth:`refresh`.
     """
 
     backend = "faiss"
@@ -74,55 +97,25 @@ class Collection(CollectionBase):
     def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
         """Create ``<data_dir>/<name>``; if it exists with an equal spec, open it; if with a
         different spec, raise :class:`SpecMismatchError` naming the differing fields."""
-        check_name(name)
-        if not isinstance(spec, CollectionSpec):
-            raise InvalidInputError("spec must be a CollectionSpec")
-        spec.validate()
+        check_new_spec(name, spec)
         data_dir = Path(data_dir)
         folder = data_dir / name
         if not folder.exists():
-            data_dir.mkdir(parents=True, exist_ok=True)
-            tmp = data_dir / f".{name}.creating-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir()
-            try:
-                _init_folder(tmp, name, spec)
-                try:
-                    os.rename(tmp, folder)  # atomic; fails if someone created it meanwhile
-                except OSError:
-                    if not folder.exists():
-                        raise
-                else:
-                    fsync_dir(data_dir)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
+            create_folder(data_dir, name, spec)
         elif not (folder / MANIFEST).exists():
             raise NotACollectionError(
                 f"{folder} exists but is not an embedpool collection; choose another name or "
                 "remove that folder")
-        coll = cls.open(data_dir, name)
-        try:
-            check_spec_matches(coll.spec, spec, name)
-        except SpecMismatchError:
-            coll.close()
-            raise
-        return coll
+        return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike, name: str) -> "Collection":
         """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
-        check_name(name)
-        data_dir = Path(data_dir)
-        folder = data_dir / name
-        if not folder.is_dir():
-            have = list_collections(data_dir)
-            raise CollectionNotFoundError(
-                f"no collection {name!r} in {data_dir}"
-                + (f" (collections there: {', '.join(have)})" if have else " (it holds no collections)"))
-        manifest = read_manifest(folder)
+        manifest = collection_manifest(data_dir, name)
+        folder = Path(data_dir) / name
         if not (folder / DB_NAME).is_file():
             raise NotACollectionError(f"{folder} has a manifest but no document store ({DB_NAME})")
-        return cls(data_dir, name, manifest)
+        return cls(Path(data_dir), name, manifest)
 
     @classmethod
     def open_or_create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
@@ -134,6 +127,10 @@ class Collection(CollectionBase):
         self.data_dir = Path(data_dir)
         self.folder = self.data_dir / name
         self.spec = CollectionSpec.from_dict(manifest)
+        self._store_cls = STORES[self.spec.kind]
+        self.capabilities = Capabilities(
+            supports_token_ann=self._store_cls.supports_token_ann, token_index_on_insert=False,
+            transactional=True, measures_disk_usage=True, multi_process=True)
         self._manifest = manifest
         self._db = DocStore(self.folder / DB_NAME)
         self._rw = RWLock()
@@ -141,7 +138,8 @@ class Collection(CollectionBase):
         self._token_lock = threading.Lock()
         self._flock = FileLock(self.folder / LOCK_FILE)
         self._closed = False
-        self._dirty = False
+        self._dirty = False  # documents changed since the last commit
+        self._props: dict[str, str] = {}  # staged properties
         try:
             self._load()
             self._cleanup_if_no_writer()
@@ -149,29 +147,25 @@ class Collection(CollectionBase):
             self._db.close()
             raise
 
+    def _state(self) -> StoreState:
+        """The vector store's committed state (inside a snapshot or the write transaction)."""
+        return StoreState({k: self._db.get_meta(k) for k in self._store_cls.META_KEYS},
+                          self._db.segments())
+
     def _load(self) -> None:
         """Load the committed state: the generation SQLite names and the files it lists."""
         for attempt in range(10):
             with self._db.snapshot():
                 gen = self._db.get_meta("generation", 0)
                 next_int = self._db.get_meta("next_int_id", 0)
-                next_seg = self._db.get_meta("next_seg_id", 0)
-                vec_file = self._db.get_meta("vector_file")
-                token_meta = self._db.get_meta("token_index")
+                state = self._state()
                 live = self._db.all_int_ids()
-                segs = self._db.segments()
-            needed = [vec_file] if vec_file else []
-            for sid, _, _ in segs:
-                needed.extend(seg_files(sid))
+            needed = self._store_cls.required_files(state)
             try:
                 missing = [f for f in needed if not (self.folder / f).is_file()]
                 if missing:
                     raise FileNotFoundError(", ".join(missing))
-                if self.spec.kind == "single":
-                    vec: SingleStore | MultiStore = SingleStore.load(
-                        self.spec, self.folder / vec_file if vec_file else None, live)
-                else:
-                    vec = MultiStore.load(self.spec, self.folder, [s[0] for s in segs], live, token_meta)
+                vec = self._store_cls.load(self.spec, self.folder, state, live)
             except (FileNotFoundError, RuntimeError) as e:
                 # a writer in another process may just have replaced these files: re-read
                 if attempt < 9 and any(not (self.folder / f).is_file() for f in needed):
@@ -183,14 +177,18 @@ class Collection(CollectionBase):
         self._vec = vec
         self._gen = int(gen)
         self._next_int_id = int(next_int)
-        self._next_seg_id = int(next_seg)
-        self._vec_file = vec_file
 
     def refresh(self) -> bool:
         """Reload if another writer committed since this object loaded the collection.
 
-        Returns True if it reloaded. Refused while this object has uncommitted changes.
+        Returns True if it reloaded. Refused while this object has uncommitted changes and
+        another writer committed. Cheap (a stat and a SQLite read) when nothing changed.
         """
+        self._check_open()
+        if not (self.folder / MANIFEST).is_file():
+            raise CollectionNotFoundError(f"collection {self.name!r} was deleted from {self.data_dir}")
+        if int(self._db.get_meta("generation", 0)) == self._gen:
+            return False
         with self._wmutex:
             self._check_open()
             if self._db.in_transaction:
@@ -212,7 +210,7 @@ class Collection(CollectionBase):
         nobody committed since we loaded, and clear leftovers of unfinished commits."""
         if self._db.in_transaction:
             return
-        if not self._flock.try_acquire():
+        if not self._flock.try_acquire(wait=WRITER_LOCK_WAIT):
             raise CollectionLockedError(
                 f"collection {self.name!r} has uncommitted writes from another process or Collection "
                 "object; commit or close that one first (one writer at a time)")
@@ -232,22 +230,10 @@ class Collection(CollectionBase):
         self._db.rollback()
         self._flock.release()
 
-    def _referenced_files(self) -> set[str]:
-        names = set()
-        vec_file = self._db.get_meta("vector_file")
-        if vec_file:
-            names.add(vec_file)
-        token_meta = self._db.get_meta("token_index")
-        if token_meta:
-            names.add(token_meta["file"])
-        for sid, _, _ in self._db.segments():
-            names.update(seg_files(sid))
-        return names
-
     def _remove_stale_files(self) -> None:
         """Delete managed files that the (committed) database does not name. Caller holds the
         folder lock and reads inside a transaction/snapshot."""
-        keep = self._referenced_files()
+        keep = set(self._store_cls.committed_files(self._state()))
         removed = False
         for entry in os.scandir(self.folder):
             if _MANAGED.match(entry.name) and entry.name not in keep:
@@ -272,24 +258,15 @@ class Collection(CollectionBase):
     def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
             metadata: Sequence[dict | None] | None = None, *, model: str | None = None,
             pooler: str | None = None) -> None:
-        """Insert or replace documents. Validates the whole batch first; on any error nothing
-        changes. Visible to searches at once, durable after :meth:`commit`.
-
-        Args:
-            ids: external string ids, unique within the batch.
-            vectors: single: ``[n, dim]`` array; multi: ``n`` arrays ``[n_i, dim]`` (``n_i >= 1``).
-            texts: optional text per document.
-            metadata: optional JSON-serializable dict per document.
-            model, pooler: if given, must equal the manifest's (guards against mixing models).
-        """
+        """Insert or replace documents (see :meth:`CollectionBase.add`); durable after
+        :meth:`commit`."""
         ids, vecs, texts_, metas = self._check_add(ids, vectors, texts, metadata, model, pooler)
         n = len(ids)
         if n == 0:
             return
         with self._wmutex:
             self._check_open()
-            if isinstance(self._vec, SingleStore):
-                self._vec.check_trainable(n)
+            self._vec.check_add(n)
             self._begin_write()
             with self._rw.write():
                 existing = self._db.lookup_ext(ids)
@@ -301,13 +278,7 @@ class Collection(CollectionBase):
                         self._db.delete_int(old.tolist())
                     self._db.insert(rows)
                     # vectors last: if this raises, the savepoint undoes the rows
-                    if isinstance(self._vec, SingleStore):
-                        self._vec.add(new_ids, vecs)
-                    else:
-                        seg_id = self._next_seg_id if self._vec.pending is None else self._vec.pending.seg_id
-                        self._vec.add(new_ids, vecs, seg_id)
-                        if seg_id == self._next_seg_id:
-                            self._next_seg_id += 1
+                    self._vec.add(new_ids, vecs)
                     self._vec.remove(old)
                 self._next_int_id += n
                 self._dirty = True
@@ -330,54 +301,59 @@ class Collection(CollectionBase):
                 self._dirty = True
 
     def commit(self) -> None:
-        """Make every change since the last commit durable (see module docstring)."""
+        """Make every change since the last commit durable (see module docstring). A commit of
+        properties alone does not start a new generation (readers keep their vectors)."""
         with self._wmutex:
             self._check_open()
-            token_dirty = isinstance(self._vec, MultiStore) and self._vec.token_dirty \
-                and self._vec.token_index is not None
-            if not self._dirty and not token_dirty:
+            data = self._dirty or self._vec.dirty
+            if not data and not self._props:
                 if self._db.in_transaction:
                     self._end_write()
                 return
             self._begin_write()
-            gen = self._gen + 1
-            meta: dict[str, Any] = {}
-            seg_row = None
+            gen = self._gen + 1 if data else self._gen
             with self._rw.read():  # searches go on while the files are written
-                if isinstance(self._vec, SingleStore):
-                    if self._vec.dirty:
-                        name = f"vectors-{gen:08d}.faiss"
-                        self._vec.write(self.folder / name)
-                        meta["vector_file"] = name
-                else:
-                    seg_row = self._vec.write_pending(self.folder)
-                    if self._vec.token_index is not None and self._vec.token_dirty:
-                        meta["token_index"] = self._vec.write_token_index(
-                            self.folder / f"tokens-{gen:08d}.faiss")
+                delta = self._vec.write(self.folder, gen) if data else StoreCommit()
             with self._rw.write():
-                if seg_row is not None:
-                    self._db.add_segment(*seg_row)
-                meta.update(generation=gen, next_int_id=self._next_int_id,
-                            next_seg_id=self._next_seg_id, updated=now_iso())
-                for k, v in meta.items():
-                    self._db.set_meta(k, v)
+                props = self._record(delta, gen, data)
                 self._db.commit()  # <- the durable point
                 self._gen = gen
                 self._dirty = False
-                if isinstance(self._vec, SingleStore):
-                    self._vec.dirty = False
-                    self._vec_file = meta.get("vector_file", self._vec_file)
-                else:
-                    self._vec.mark_committed()
+                self._props = {}
+                if data:
+                    self._vec.mark_committed(delta)
             try:
                 with self._db.snapshot():
                     self._remove_stale_files()  # replaced generations, compacted segments
+                self._remove_legacy_files(props)
             finally:
                 self._flock.release()
-            try:
-                self._write_manifest()
-            except OSError as e:  # the commit itself is durable; the manifest only has counts
-                log.warning("collection %r: could not update %s: %s", self.name, MANIFEST, e)
+            if data:
+                try:
+                    self._write_manifest()
+                except OSError as e:  # the commit itself is durable; the manifest only has counts
+                    log.warning("collection %r: could not update %s: %s", self.name, MANIFEST, e)
+
+    def _record(self, delta: StoreCommit, gen: int, data: bool) -> list[str]:
+        """Write the commit's rows inside the transaction; returns the property keys written."""
+        if delta.reset_segments:
+            self._db.clear_segments()
+        if delta.new_segment is not None:
+            self._db.add_segment(*delta.new_segment)
+        meta: dict[str, Any] = dict(delta.meta)
+        if data:
+            meta.update(generation=gen, next_int_id=self._next_int_id, updated=now_iso())
+        meta.update({PROPERTY_PREFIX + k: v for k, v in self._props.items()})
+        for k, v in meta.items():
+            self._db.set_meta(k, v)
+        return list(self._props)
+
+    def _remove_legacy_files(self, keys: list[str]) -> None:
+        names = [LEGACY_PROPERTY_FILES[k] for k in keys if k in LEGACY_PROPERTY_FILES]
+        if any((self.folder / n).exists() for n in names):
+            for n in names:
+                remove_quietly(self.folder / n)
+            fsync_dir(self.folder)
 
     def compact(self) -> None:
         """Rebuild without deleted/replaced documents (HNSW tombstones, dead multi-vector
@@ -386,28 +362,48 @@ class Collection(CollectionBase):
             self._check_open()
             self._begin_write()
             with self._rw.write():
-                if isinstance(self._vec, SingleStore):
-                    if self._vec.dead:
-                        self._vec = self._vec.rebuilt()
-                        self._dirty = True
-                elif sum(s.n_docs for s in self._vec.segments) > self._vec.n_docs \
-                        or len(self._vec.segments) > 1:
-                    seg_id = self._next_seg_id
-                    self._vec = self._vec.compacted(seg_id)
-                    self._next_seg_id += 1
-                    self._db.clear_segments()
+                new = self._vec.compacted()
+                if new is not None:
+                    self._vec = new
                     self._dirty = True
             self.commit()
 
     def build_token_index(self) -> None:
         """Build the token-level ANN index now (else built by the first ``tokens`` search);
         it is saved by the next :meth:`commit`."""
-        self._check_open()
-        if not isinstance(self._vec, MultiStore):
-            raise InvalidInputError("build_token_index applies to multi-vector collections only")
-        with self._rw.read(), self._token_lock:
+        self._check_token_index()
+        with self._rw.read():
+            self._ensure_token_index()
+
+    def _ensure_token_index(self) -> None:
+        """Build the token index if there is none (caller holds the read lock)."""
+        with self._token_lock:
             if self._vec.token_index is None:
                 self._vec.build_token_index()
+
+    # ---- properties -----------------------------------------------------------------------
+    def get_property(self, key: str) -> str | None:
+        """The staged value, else the committed one (see :meth:`CollectionBase.get_property`)."""
+        self._check_open()
+        check_property(key, "")
+        if key in self._props:
+            return self._props[key]
+        value = self._db.get_meta(PROPERTY_PREFIX + key)
+        legacy = LEGACY_PROPERTY_FILES.get(key)
+        if value is None and legacy is not None:
+            try:
+                value = (self.folder / legacy).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                pass
+        return value
+
+    def set_property(self, key: str, value: str) -> None:
+        """Stage a property; the next :meth:`commit` writes it in the same SQLite transaction as
+        the documents added before it."""
+        check_property(key, value)
+        with self._wmutex:
+            self._check_open()
+            self._props[key] = value
 
     def close(self) -> None:
         """Release the collection. Uncommitted changes are discarded (call commit() first)."""
@@ -415,7 +411,7 @@ class Collection(CollectionBase):
             if self._closed:
                 return
             with self._rw.write():
-                if self._dirty:
+                if self._dirty or self._props:
                     log.warning("collection %r closed with uncommitted changes; they are discarded",
                                 self.name)
                 self._end_write()
@@ -443,9 +439,7 @@ class Collection(CollectionBase):
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
-            with self._token_lock:
-                if self._vec.token_index is None:
-                    self._vec.build_token_index()
+            self._ensure_token_index()
             cands = self._vec.token_candidates(qs, k_token)
             return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
 
@@ -489,13 +483,7 @@ class Collection(CollectionBase):
                 raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
             int_id = found[id]
             ext, text, meta = self._db.fetch([int_id])[int_id]
-            out: dict[str, Any] = {"id": ext, "text": text, "metadata": meta}
-            if isinstance(self._vec, SingleStore):
-                out["vector"] = self._vec.reconstruct(int_id)
-            else:
-                seg, row = self._vec.loc[int_id]
-                out["vectors"] = seg.dequantized(np.array([row]))[0]
-            return out
+            return {"id": ext, "text": text, "metadata": meta, **self._vec.vectors_of(int_id)}
 
     def ids(self) -> list[str]:
         """All document ids, in insertion order."""
@@ -507,7 +495,7 @@ class Collection(CollectionBase):
         if self._closed:
             return 0
         with self._rw.read():
-            return self._vec.live_count if isinstance(self._vec, SingleStore) else self._vec.n_docs
+            return self._vec.n_docs
 
     def __contains__(self, id: object) -> bool:
         self._check_open()
@@ -516,84 +504,41 @@ class Collection(CollectionBase):
 
     def _counts(self) -> dict[str, int]:
         with self._rw.read():
-            if isinstance(self._vec, SingleStore):
-                return {"documents": self._vec.live_count, "vectors": self._vec.live_count}
             return {"documents": self._vec.n_docs, "vectors": self._vec.live_vectors()}
 
     def stats(self) -> dict[str, Any]:
-        """documents, vectors (live), bytes_on_disk (whole folder), bytes_per_doc (vector storage
-        per live document: token codes + scales + offsets for multi; committed index file / its
-        vectors for single), plus tombstones and (multi) segments."""
+        """See :class:`index.base.Stats`: bytes_on_disk is the whole folder; bytes_per_doc the
+        vector storage per live document (token codes + scales + offsets for multi; committed
+        index file / its vectors for single)."""
         self._check_open()
         with self._rw.read():
             disk = sum(e.stat().st_size for e in os.scandir(self.folder) if e.is_file())
-            if isinstance(self._vec, SingleStore):
-                docs = self._vec.live_count
-                per_doc = 0.0
-                if self._vec_file and (self.folder / self._vec_file).is_file() and self._vec.index.ntotal:
-                    per_doc = (self.folder / self._vec_file).stat().st_size / self._vec.index.ntotal
-                return {"documents": docs, "vectors": docs, "bytes_on_disk": disk,
-                        "bytes_per_doc": per_doc, "tombstones": len(self._vec.dead)}
-            total_docs = sum(s.n_docs for s in self._vec.segments)
-            return {"documents": self._vec.n_docs, "vectors": self._vec.live_vectors(),
-                    "bytes_on_disk": disk, "bytes_per_doc": self._vec.bytes_per_doc(),
-                    "tombstones": total_docs - self._vec.n_docs,
-                    "segments": len(self._vec.segments),
-                    "token_index": self._vec.token_index is not None}
+            return make_stats(documents=self._vec.n_docs, vectors=self._vec.live_vectors(),
+                              bytes_on_disk=disk, backend=self.backend, location=str(self.folder),
+                              **self._vec.storage_stats(self.folder))
 
     def _write_manifest(self) -> None:
         m = {**self.manifest, "updated": now_iso()}
         write_durable_bytes(self.folder / MANIFEST, (json.dumps(m, indent=2) + "\n").encode())
         self._manifest = m
 
-# ---- module functions ---------------------------------------------------------------------
-def list_collections(data_dir: str | os.PathLike) -> list[str]:
-    """Names of the collections in ``data_dir`` (sorted)."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        return []
-    return sorted(e.name for e in os.scandir(data_dir)
-                  if e.is_dir() and not e.name.startswith(".") and (Path(e.path) / MANIFEST).is_file())
+
+class FaissBackend(Backend):
+    """Collections as folders under ``where.data_dir``."""
+
+    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> Collection:
+        if spec is None:
+            return Collection.open(where.data_dir, name)
+        return Collection.open_or_create(where.data_dir, name, spec)
+
+    def list(self, where: Where) -> list[str]:
+        return list_collections(where.data_dir)
+
+    def delete(self, where: Where, name: str) -> None:
+        delete_collection(where.data_dir, name)
+
+    def manifest(self, where: Where, name: str) -> dict[str, Any]:
+        return collection_manifest(where.data_dir, name)
 
 
-def delete_collection(data_dir: str | os.PathLike, name: str) -> None:
-    """Delete a collection folder (refused while another writer holds it)."""
-    check_name(name)
-    data_dir = Path(data_dir)
-    folder = data_dir / name
-    if not folder.is_dir():
-        raise CollectionNotFoundError(f"no collection {name!r} in {data_dir}")
-    if not (folder / MANIFEST).is_file():
-        raise NotACollectionError(f"{folder} is not an embedpool collection; not deleting it")
-    lock = FileLock(folder / LOCK_FILE)
-    if not lock.try_acquire():
-        raise CollectionLockedError(f"collection {name!r} has uncommitted writes in progress; "
-                                    "close its writer first")
-    try:
-        trash = data_dir / f".{name}.deleting-{uuid.uuid4().hex[:8]}"
-        os.rename(folder, trash)  # disappears atomically
-        fsync_dir(data_dir)
-    finally:
-        lock.release()
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _init_folder(folder: Path, name: str, spec: CollectionSpec) -> None:
-    db = DocStore(folder / DB_NAME, create=True)
-    try:
-        db.begin()
-        for k, v in (("generation", 0), ("next_int_id", 0), ("next_seg_id", 0),
-                     ("vector_file", None), ("token_index", None), ("format_version", FORMAT_VERSION)):
-            db.set_meta(k, v)
-        db.commit()
-    finally:
-        db.close()
-    manifest = new_manifest(name, spec, now_iso(), counts={"documents": 0, "vectors": 0})
-    write_durable_bytes(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
-    for f in (folder / DB_NAME,):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fsync_dir(folder)
+BACKEND = FaissBackend()

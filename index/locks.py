@@ -1,48 +1,15 @@
-"""File-system durability helpers and a readers-writer lock."""
+"""Locks of a FAISS collection: a readers-writer lock between the threads of one process, and a
+``flock`` between processes (the kernel releases it if the process dies)."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def fsync_dir(path: Path) -> None:
-    """Make renames/creations/deletions inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable(path: Path, writer: Callable[[BinaryIO], None]) -> None:
-    """Write ``path`` via ``path.tmp``: write, flush, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        writer(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def write_durable_bytes(path: Path, data: bytes) -> None:
-    write_durable(path, lambda f: f.write(data))
-
-
-def remove_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 class RWLock:
@@ -96,15 +63,21 @@ class FileLock:
         self.path = path
         self._fd: int | None = None
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, wait: float = 0.0) -> bool:
+        """Take the lock; give up (False) if another holder keeps it for ``wait`` seconds."""
         if self._fd is not None:
             return True
+        deadline = time.monotonic() + wait
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
         self._fd = fd
         return True
 

@@ -1,0 +1,120 @@
+"""The Milvus backend: the same collection API as the FAISS folders, stored in Milvus.
+
+``uri`` is a Milvus Lite database (a local path ending in ``.db``: pymilvus runs the embedded
+engine inside this process) or a Milvus server (``http://host:19530``, optional ``token``).
+
+Layout, per embedpool collection ``NAME`` (Milvus collection ``embedpool_<NAME encoded>``,
+:mod:`.names`; fields: :mod:`.schema`): single-vector collections store one row per document,
+multi-vector ones one row per stored vector. The vector index is mapped from the spec's FAISS
+factory string (:mod:`.mapping`: Flat -> FLAT, HNSW<M> -> HNSW, IVF<n>,Flat -> IVF_FLAT,
+IVF<n>,SQ8 -> IVF_SQ8, IVF<n>,PQ<m> -> IVF_PQ); token vectors are indexed with the spec's
+``token_factory``. Candidates come from Milvus (``tokens``: ANN over the token rows;
+``two_stage``: any single-vector collection), then embedpool fetches the candidates' vectors by
+primary key and reranks them by exact MaxSim (:func:`index.maxsim.maxsim_scores`).
+``exhaustive`` reads every row (small collections). ``float16``/``int8`` precisions store the
+dequantized values as float32 (Milvus Lite has no half/int8 vector fields), so rankings equal the
+FAISS backend's for the same spec.
+
+The manifest is the collection property ``embedpool.manifest`` and travels with the collection;
+opening with a different spec is refused exactly as for FAISS folders. Other properties
+(:meth:`MilvusCollection.set_property`) are collection properties too.
+
+Durability: every write is applied to Milvus at once (Milvus' own WAL makes it durable);
+:meth:`MilvusCollection.commit` flushes segments, then stores the staged properties and the
+manifest. Milvus has no multi-row transactions: replacing a multi-vector document upserts its
+rows position by position, then deletes surplus rows of a longer old version. A crash in the
+middle can leave a document with a mix of old and new rows (row 0, read first, is always the new
+one); a search during the upsert may see that mix too. Add the document again to repair it.
+
+Milvus Lite allows one process per ``.db`` (it holds a file lock); to share an index between
+processes or API replicas, run a Milvus server and pass its URI. When Milvus cannot be reached,
+calls fail with :class:`index.BackendError` and the next call reconnects (:mod:`.connection`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..backends import Backend, Where
+from ..errors import CollectionNotFoundError, NotACollectionError
+from ..spec import CollectionSpec
+from .collection import MANIFEST_KEY, MilvusCollection
+from .connection import ClientPool, Connection
+from .mapping import milvus_index
+from .names import embedpool_name, milvus_name
+
+__all__ = ["MilvusCollection", "ClientPool", "MANIFEST_KEY", "milvus_index", "milvus_name",
+           "embedpool_name", "list_collections", "delete_collection", "default_uri", "BACKEND"]
+
+
+def _with_connection(uri: str, token: str | None, fn: Any) -> Any:
+    conn = ClientPool.acquire(uri, token)
+    try:
+        return fn(conn)
+    finally:
+        ClientPool.release(conn)
+
+
+def _list(conn: Connection) -> list[str]:
+    with conn.errors("listing collections"):
+        client = conn.client()
+        names = [n for n in map(embedpool_name, client.list_collections()) if n]
+        return sorted(n for n in names
+                      if MANIFEST_KEY in (client.describe_collection(milvus_name(n)).get("properties") or {}))
+
+
+def _drop(conn: Connection, name: str) -> None:
+    mname = milvus_name(name)
+    with ClientPool.write_lock(conn, mname), conn.errors(f"dropping collection {name!r}"):
+        client = conn.client()
+        if not client.has_collection(mname):
+            raise CollectionNotFoundError(f"no collection {name!r} in Milvus at {conn.uri}")
+        if MANIFEST_KEY not in (client.describe_collection(mname).get("properties") or {}):
+            raise NotACollectionError(
+                f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
+        client.drop_collection(mname)
+
+
+def list_collections(uri: str, *, token: str | None = None) -> list[str]:
+    """Names of the embedpool collections in Milvus at ``uri`` (sorted)."""
+    return _with_connection(uri, token, _list)
+
+
+def delete_collection(uri: str, name: str, *, token: str | None = None) -> None:
+    """Drop an embedpool collection from Milvus."""
+    milvus_name(name)
+    _with_connection(uri, token, lambda conn: _drop(conn, name))
+
+
+def default_uri(data_dir: str | os.PathLike) -> str:
+    """The Milvus Lite file used when no URI is given: ``<data_dir>/milvus.db``."""
+    return str(Path(data_dir) / "milvus.db")
+
+
+class MilvusBackend(Backend):
+    """Collections in Milvus at ``where.uri`` (default: the Lite file ``<data_dir>/milvus.db``)."""
+
+    @staticmethod
+    def _uri(where: Where) -> str:
+        return where.uri or default_uri(where.data_dir)
+
+    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> MilvusCollection:
+        if spec is None:
+            return MilvusCollection.open(self._uri(where), name, token=where.token)
+        return MilvusCollection.open_or_create(self._uri(where), name, spec, token=where.token)
+
+    def list(self, where: Where) -> list[str]:
+        return list_collections(self._uri(where), token=where.token)
+
+    def delete(self, where: Where, name: str) -> None:
+        delete_collection(self._uri(where), name, token=where.token)
+
+    def manifest(self, where: Where, name: str) -> dict[str, Any]:
+        """The manifest with live counts (Milvus counts rows cheaply; the property has none)."""
+        with MilvusCollection.open(self._uri(where), name, token=where.token) as coll:
+            return coll.manifest
+
+
+BACKEND = MilvusBackend()

@@ -1,0 +1,57 @@
+"""FAISS factory string -> the equivalent Milvus index, with the FAISS backend's search defaults,
+so a spec means the same index on both backends."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import InvalidInputError
+from ..single import HNSW_EF_SEARCH, default_nprobe
+from ..spec import CollectionSpec
+
+HNSW_EF_CONSTRUCTION = 40  # FAISS' default, so both backends build the same graph quality
+
+
+def milvus_index(factory: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(index_type, build params, search params)`` of the Milvus index equivalent to a FAISS
+    factory string, with the FAISS backend's defaults (HNSW efSearch 64, IVF nprobe)."""
+    desc = ",".join(p for p in factory.replace(" ", "").split(",") if p not in ("", "IDMap", "IDMap2"))
+    if desc in ("Flat", ""):
+        return "FLAT", {}, {}
+    m = re.fullmatch(r"HNSW(\d*)(?:_Flat|,Flat)?", desc)
+    if m:
+        return ("HNSW", {"M": int(m.group(1) or 32), "efConstruction": HNSW_EF_CONSTRUCTION},
+                {"ef": HNSW_EF_SEARCH})
+    m = re.fullmatch(r"HNSW(\d*)_SQ8", desc)
+    if m:
+        return ("HNSW_SQ", {"M": int(m.group(1) or 32), "efConstruction": HNSW_EF_CONSTRUCTION,
+                            "sq_type": "SQ8"}, {"ef": HNSW_EF_SEARCH})
+    m = re.fullmatch(r"IVF(\d+),(Flat|SQ8|PQ(\d+)(?:x(\d+))?(?:np)?)", desc)
+    if m:
+        nlist = int(m.group(1))
+        search = {"nprobe": default_nprobe(nlist)}
+        if m.group(2) == "Flat":
+            return "IVF_FLAT", {"nlist": nlist}, search
+        if m.group(2) == "SQ8":
+            return "IVF_SQ8", {"nlist": nlist}, search
+        return "IVF_PQ", {"nlist": nlist, "m": int(m.group(3)), "nbits": int(m.group(4) or 8)}, search
+    raise InvalidInputError(
+        f"factory {factory!r} has no Milvus equivalent; with backend='milvus' use 'Flat' "
+        "('IDMap2,Flat'), 'HNSW<M>', 'HNSW<M>_SQ8', 'IVF<n>,Flat', 'IVF<n>,SQ8' or 'IVF<n>,PQ<m>'")
+
+
+def vector_factory(spec: CollectionSpec) -> str:
+    """The factory of the indexed vectors: documents (single) or their tokens (multi)."""
+    return spec.token_factory if spec.kind == "multi" else spec.factory
+
+
+def metric(spec: CollectionSpec) -> str:
+    return "IP" if spec.metric == "ip" else "L2"
+
+
+def search_params(base: dict[str, Any], k: int) -> dict[str, Any]:
+    params = dict(base)
+    if "ef" in params:
+        params["ef"] = max(params["ef"], k)  # Milvus requires ef >= limit (FAISS raises it too)
+    return params
