@@ -202,45 +202,31 @@ class Collections:
     under ``data_dir``, or Milvus).
 
     One collection object per name stays open (searches run concurrently on it; its writes are
-    serialized by the collection). If another process commits to a FAISS collection (e.g.
-    ``embedpool index``), the next request refreshes it to see the new state.
+    serialized by the collection). Each request first asks it to ``refresh()`` (cheap when
+    nothing changed): if another process committed to it (e.g. ``embedpool index``), the request
+    sees the new state; if another process deleted it, it is closed here too.
     """
 
     def __init__(self, settings: Settings) -> None:
         self.data_dir = Path(settings.data_dir)
-        self.backend = settings.backend
         self._where = settings.store()
-        self._open: dict[str, tuple[Any, int]] = {}
+        self._open: dict[str, Any] = {}
         self._lock = threading.RLock()
-
-    def _mtime(self, name: str) -> int:
-        if self.backend != "faiss":
-            return 0
-        try:
-            return (self.data_dir / name / "manifest.json").stat().st_mtime_ns
-        except OSError:
-            return -1
 
     def get(self, name: str) -> Any:
         with self._lock:
-            entry = self._open.get(name)
-            mtime = self._mtime(name)
-            if entry is not None:
-                coll, seen = entry
-                if mtime == seen:
+            coll = self._open.get(name)
+            if coll is not None:
+                try:
+                    coll.refresh()  # committed by another process
                     return coll
-                if mtime == -1:  # deleted by another process
+                except index.CollectionLockedError:
+                    return coll  # our own write is in progress; it refreshes after
+                except index.CollectionNotFoundError:  # deleted by another process
                     self._open.pop(name, None)
                     coll.close()
-                else:
-                    try:
-                        coll.refresh()  # committed by another process
-                    except index.CollectionLockedError:
-                        return coll  # our own write is in progress; it refreshes after
-                    self._open[name] = (coll, mtime)
-                    return coll
             coll = index.open_collection(self.data_dir, name, **self._where)
-            self._open[name] = (coll, self._mtime(name))
+            self._open[name] = coll
             return coll
 
     def create(self, name: str, spec: index.CollectionSpec) -> tuple[Any, bool]:
@@ -249,10 +235,10 @@ class Collections:
             existed = name in self.names()
             coll = index.open_collection(self.data_dir, name, spec, **self._where)
             old = self._open.get(name)
-            if old is not None and old[0] is not coll:
+            if old is not None and old is not coll:
                 coll.close()
-                coll = old[0]
-            self._open[name] = (coll, self._mtime(name))
+                coll = old
+            self._open[name] = coll
             return coll, not existed
 
     def write(self, coll: Any, method: str, *args: Any, **kwargs: Any) -> None:
@@ -266,30 +252,27 @@ class Collections:
             except index.CollectionLockedError:
                 if attempt or not coll.refresh():
                     raise
-        with self._lock:
-            if self._open.get(coll.name, (None,))[0] is coll:
-                self._open[coll.name] = (coll, self._mtime(coll.name))
 
     def delete(self, name: str) -> None:
         with self._lock:
-            entry = self._open.pop(name, None)
-            if entry is not None:
-                entry[0].close()
+            coll = self._open.pop(name, None)
+            if coll is not None:
+                coll.close()
             index.delete_collection(self.data_dir, name, **self._where)
 
     def names(self) -> list[str]:
         return index.list_collections(self.data_dir, **self._where)
 
     def manifest(self, name: str) -> dict[str, Any]:
-        """The committed manifest, without opening a FAISS collection (loading its vectors)."""
-        if self.backend == "faiss":
-            from embedpool.index.spec import read_manifest
-
-            return read_manifest(self.data_dir / name)
-        return self.get(name).manifest
+        """The manifest: with the current counts of a collection this server has open, else the
+        committed one, read without opening the collection (loading its vectors)."""
+        with self._lock:
+            if name in self._open:
+                return self.get(name).manifest
+        return index.read_collection_manifest(self.data_dir, name, **self._where)
 
     def close(self) -> None:
         with self._lock:
-            for coll, _ in self._open.values():
+            for coll in self._open.values():
                 coll.close()
             self._open.clear()
