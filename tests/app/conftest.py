@@ -90,13 +90,51 @@ class Server:
             assert r.status_code == 200, r.text
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        stop_process(self.proc, signal.SIGTERM)
+        self._log.close()
+
+
+def stop_process(proc: subprocess.Popen | None, sig: int) -> None:
+    """Ask a child to stop with ``sig``; kill it if it is still there after 20 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+class MilvusLiteServer:
+    """``python -m milvus_lite server``: a Milvus Lite engine in a process of its own, on a fixed
+    data directory and port (so it can be killed and started again under a client)."""
+
+    def __init__(self, data: Path, log_path: Path) -> None:
+        self.data, self.port = str(data), free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "ab")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "MilvusLiteServer":
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "milvus_lite", "server", "--data-dir", self.data,
+             "--host", "127.0.0.1", "--port", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the Milvus Lite server exited at start"
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        pytest.fail(f"Milvus Lite server not listening on {self.port} after {timeout}s")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGINT)
         self._log.close()
 
 
@@ -133,3 +171,27 @@ def limited_server(_servers) -> Server:
 def client(server):
     with server.client() as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def start_server():
+    """Start a server of one's own settings: ``start_server(folder, env)`` (stopped after the
+    module; wait for it with ``.wait_ready()``)."""
+    started: list[Server] = []
+
+    def start(folder: Path, env: dict[str, str], api_key: str | None = None) -> Server:
+        started.append(Server(folder, env, api_key))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def milvus_lite_server(tmp_path_factory):
+    """A started :class:`MilvusLiteServer` of the module (stopped after it)."""
+    base = tmp_path_factory.mktemp("milvus-lite")
+    srv = MilvusLiteServer(base / "lite.db", base / "milvus.log").start()
+    yield srv
+    srv.stop()
