@@ -133,6 +133,9 @@ class Collection(CollectionBase):
             transactional=True, measures_disk_usage=True, multi_process=True)
         self._manifest = manifest
         self._db = DocStore(self.folder / DB_NAME)
+        # a second connection, only to read the committed generation: refresh() never waits
+        # for this object's writers (they hold the first connection's lock)
+        self._probe = DocStore(self.folder / DB_NAME)
         self._rw = RWLock()
         self._wmutex = threading.RLock()  # serializes writers in this process
         self._token_lock = threading.Lock()
@@ -145,6 +148,7 @@ class Collection(CollectionBase):
             self._cleanup_if_no_writer()
         except BaseException:
             self._db.close()
+            self._probe.close()
             raise
 
     def _state(self) -> StoreState:
@@ -182,12 +186,13 @@ class Collection(CollectionBase):
         """Reload if another writer committed since this object loaded the collection.
 
         Returns True if it reloaded. Refused while this object has uncommitted changes and
-        another writer committed. Cheap (a stat and a SQLite read) when nothing changed.
+        another writer committed. Cheap when nothing changed: a stat and a read of the committed
+        generation that waits for no writer of this object.
         """
         self._check_open()
         if not (self.folder / MANIFEST).is_file():
             raise CollectionNotFoundError(f"collection {self.name!r} was deleted from {self.data_dir}")
-        if int(self._db.get_meta("generation", 0)) == self._gen:
+        if int(self._probe.get_meta("generation", 0)) == self._gen:
             return False
         with self._wmutex:
             self._check_open()
@@ -416,6 +421,7 @@ class Collection(CollectionBase):
                                 self.name)
                 self._end_write()
                 self._db.close()
+                self._probe.close()
                 self._closed = True
             self._close_companion()
 

@@ -216,17 +216,21 @@ class Collections:
     def get(self, name: str) -> Any:
         with self._lock:
             coll = self._open.get(name)
-            if coll is not None:
-                try:
-                    coll.refresh()  # committed by another process
-                    return coll
-                except index.CollectionLockedError:
-                    return coll  # our own write is in progress; it refreshes after
-                except index.CollectionNotFoundError:  # deleted by another process
-                    self._open.pop(name, None)
-                    coll.close()
-            coll = index.open_collection(self.data_dir, name, **self._where)
-            self._open[name] = coll
+        if coll is not None:  # refreshed outside the lock: requests for others do not wait
+            try:
+                coll.refresh()  # committed by another process
+                return coll
+            except index.CollectionLockedError:
+                return coll  # our own write is in progress; it refreshes after
+            except index.CollectionNotFoundError:  # deleted by another process
+                with self._lock:
+                    if self._open.get(name) is coll:
+                        del self._open[name]
+                coll.close()
+        with self._lock:
+            coll = self._open.get(name)
+            if coll is None:
+                coll = self._open[name] = index.open_collection(self.data_dir, name, **self._where)
             return coll
 
     def create(self, name: str, spec: index.CollectionSpec) -> tuple[Any, bool]:
