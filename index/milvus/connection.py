@@ -53,9 +53,17 @@ def not_loaded(e: Exception) -> bool:
     return _code(e) == COLLECTION_NOT_LOADED or "not loaded" in msg or "state 'released'" in msg
 
 
-def _unreachable_error(uri: str, what: str, msg: str) -> BackendError:
-    return BackendError(f"Milvus at {uri} is unreachable: {what} ({msg}); the request can be retried "
-                        "once Milvus is back (embedpool reconnects by itself)")
+def _unreachable(uri: str, what: str, msg: str) -> str:
+    return (f"{what}: Milvus at {uri} is unreachable ({msg}); the request can be retried once "
+            "Milvus is back (embedpool reconnects by itself)")
+
+
+class _ConnectFailed(BackendError):
+    """A new client could not reach Milvus (``detail``: pymilvus' reason)."""
+
+    def __init__(self, uri: str, detail: str) -> None:
+        super().__init__(_unreachable(uri, "cannot connect to Milvus", detail))
+        self.detail = detail
 
 
 def _stop_lite_engine(uri: str) -> None:
@@ -106,7 +114,7 @@ class Connection:
                     f"cannot open Milvus Lite database {self.uri}: {e.message}. Milvus Lite allows one "
                     "process per .db file; stop the other process, or run a Milvus server and use "
                     "its http:// URI") from None
-            raise _unreachable_error(self.uri, "cannot connect", e.message) from None
+            raise _ConnectFailed(self.uri, e.message) from None
         self._broken = False
 
     def _drop(self) -> None:
@@ -130,11 +138,14 @@ class Connection:
 
         try:
             yield
+        except _ConnectFailed as e:  # reconnecting for this call failed: still down
+            raise BackendError(_unreachable(self.uri, f"Milvus {what} failed",
+                                            f"cannot connect: {e.detail}")) from None
         except (MilvusException, grpc.RpcError) as e:
             msg = getattr(e, "message", None) or str(e) or type(e).__name__
             if unreachable(e):
                 self._broken = True
-                raise _unreachable_error(self.uri, f"{what} failed", msg) from None
+                raise BackendError(_unreachable(self.uri, f"Milvus {what} failed", msg)) from None
             if _code(e) == COLLECTION_NOT_FOUND:
                 raise CollectionNotFoundError(f"{what} failed: {msg}") from None
             raise BackendError(f"Milvus {what} failed: {msg}") from None

@@ -147,9 +147,12 @@ def test_backend_failure_is_a_503_with_its_message(tmp_path):
     coll.add(["a", "b"], v, ["x", "y"])
     coll.commit()
     assert coll.search(v[:1], k=1)[0][0].id == "a"
-    sys.modules["milvus_lite.server_manager"].server_manager_instance.release_server(uri)  # the backend goes away
 
     def search():
+        # the backend goes away under each request (after an outage embedpool starts a new
+        # Milvus Lite engine for the file by itself, so the outage is made again each time)
+        coll.search(v[:1], k=1)
+        sys.modules["milvus_lite.server_manager"].server_manager_instance.release_server(uri)
         return {"hits": [h.id for h in coll.search(v[:1], k=1)[0]]}
 
     with pytest.raises(BackendError) as caught:
