@@ -16,7 +16,8 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
-from embedpool.index import Collection, CollectionError
+from embedpool.errors import EmbedpoolError
+from embedpool.index import Collection
 
 ROOT = Path(__file__).resolve().parents[2]
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
@@ -49,7 +50,7 @@ def _state(folder: Path) -> dict | None:
         with Collection.open(folder.parent, folder.name) as coll:
             raw = coll.get_property(JOB_PROPERTY)
         return json.loads(raw) if raw else None
-    except (OSError, ValueError, CollectionError):
+    except (OSError, EmbedpoolError):  # not created yet, or not a collection
         return None
 
 
