@@ -227,8 +227,7 @@ class Collection(CollectionBase):
                     "opened; open it again before writing")
             self._remove_stale_files()
         except BaseException:
-            self._db.rollback()
-            self._flock.release()
+            self._end_write()
             raise
 
     def _end_write(self) -> None:
