@@ -2,11 +2,13 @@
 
 from embedpool.poolers import attention, cls, cluster, landmark, max, mean, tokens  # noqa: F401  (register)
 from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
-from embedpool.poolers.encoder import DEFAULT_MODEL, FrozenEncoder, Plan
+from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
+from embedpool.poolers.output import OUTPUT_PRECISIONS, quantize_output, unit_ranges
 from embedpool.poolers.pipeline import Embedder, EmbedResult
 from embedpool.poolers.states import TokenStates
 
 __all__ = [
     "DEFAULT_MODEL", "REGISTRY", "Embedder", "EmbedResult", "FrozenEncoder", "Plan", "Pooler",
     "PoolerSpecError", "TokenStates", "build_pooler", "parse_spec",
+    "TRUNCATION_DIRECTIONS", "Window", "OUTPUT_PRECISIONS", "quantize_output", "unit_ranges",
 ]

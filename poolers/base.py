@@ -114,6 +114,12 @@ class Pooler(Configurable):
         for key, value in config.items():
             if key not in cls.options:
                 valid = ", ".join(cls.options) or "none"
+                multi = sorted(n for n, c in REGISTRY.items() if c.multi_vector is True and key in c.options)
+                if multi and cls.multi_vector is not True:
+                    raise PoolerSpecError(
+                        f"pooler {cls.name!r} gives one vector per text and has no option {key!r}: {key!r} is "
+                        f"an option of the multi-vector poolers ({', '.join(multi)}); drop it or use one of "
+                        f"those (valid options of {cls.name!r}: {valid})")
                 raise PoolerSpecError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}")
             out[key] = _coerce(cls.name, key, value, cls.options[key])
         return out

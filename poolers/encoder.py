@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PRECISIONS = ("fp32", "bf16", "int8")  # int8: ONNX Runtime fast path, see poolers/fastpath.py
+TRUNCATION_DIRECTIONS = ("right", "left")  # which end of an over-long input is cut (TEI's names)
 
 # v5 sentence-transformers pooling configs carry one boolean per mode; v6 one `pooling_mode`.
 _LEGACY_POOLING_KEYS = {
@@ -102,6 +103,28 @@ class _Row:
     special: list[int]
     landmark: list[int]
     prompt_len: int = 0
+    # the text's content tokens (prompt + text, no specials) this row holds, [start, stop)
+    span: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One encoded row of a text, as :meth:`FrozenEncoder.windows` reports it.
+
+    Attributes:
+        ids: the token ids exactly as they go through the model (specials included).
+        special: 1 where ``ids`` holds a special token (``[CLS]``, ``[SEP]``, landmarks).
+        landmark: 1 where ``ids`` holds a landmark ``[SEP]`` (landmark plan only).
+        span: ``[start, stop)`` of the content tokens (the prompt's and the text's tokens,
+            without specials, as ``tokenizer(prompt + text, add_special_tokens=False)`` gives
+            them) that this row holds; a left-truncated row also keeps the prompt's tokens,
+            which ``span`` then leaves out.
+    """
+
+    ids: list[int]
+    special: list[int]
+    landmark: list[int]
+    span: tuple[int, int]
 
 
 @dataclass
@@ -160,6 +183,7 @@ class FrozenEncoder:
                        else self.model.config.hidden_size)
         self.hidden_size = int(self.model.config.hidden_size)
         self.prompts = {k: v for k, v in (st.prompts or {}).items() if v}
+        self.prompt_names = dict(st.prompts or {})  # every named prompt, empty ones included
         pool_cfg = _read_json(Path(path) / "1_Pooling" / "config.json")
         self.pooling_mode = pooling_mode_from_config(pool_cfg) if pool_cfg else "mean"
         self.include_prompt = bool(pool_cfg.get("include_prompt", True)) if pool_cfg else True
@@ -178,16 +202,26 @@ class FrozenEncoder:
             self._forward_fn = load_fastpath(self.model, "int8", tokenizer=self.tokenizer)
 
     # ------------------------------------------------------------------ tokenization
-    def prompt_for(self, role: str | None) -> str:
+    def prompt_for(self, role: str | None, prompt_name: str | None = None) -> str:
+        """The prompt prepended to a text: the model's prompt named ``prompt_name`` (TEI's and
+        sentence-transformers' ``prompt_name``) if given, else the one of ``role``, if any."""
+        if prompt_name is not None:
+            if prompt_name not in self.prompt_names:
+                have = ", ".join(repr(k) for k in self.prompt_names) or "none"
+                raise ValueError(f"prompt_name: the model has no prompt {prompt_name!r} "
+                                 f"(its prompts: {have})")
+            return self.prompt_names[prompt_name]
         return self.prompts.get(role or "", "")
 
-    def _tokenize_standard(self, texts: Sequence[str], prompt: str, truncate: bool) -> list[_Row]:
+    def _tokenize_standard(self, texts: Sequence[str], prompt: str, truncate: bool,
+                           direction: str = "right") -> list[_Row]:
         full = [prompt + t for t in texts]
+        cut_right = truncate and direction == "right"
         enc = self.tokenizer(
             full,
             add_special_tokens=True,
-            truncation=truncate,
-            max_length=self.max_length if truncate else None,
+            truncation=cut_right,
+            max_length=self.max_length if cut_right else None,
             return_special_tokens_mask=True,
             return_attention_mask=False,
             return_token_type_ids=False,
@@ -196,12 +230,25 @@ class FrozenEncoder:
         n_prompt = self._prompt_tokens(prompt)
         rows = []
         for i, (ids, special) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
+            lead = _run_length(special)
+            trail = _run_length(special[::-1]) if lead < len(special) else 0
+            n_content = len(ids) - lead - trail
+            span = (0, n_content)
+            if truncate and len(ids) > self.max_length:  # left: keep specials, prompt and the end
+                head = lead + n_prompt
+                keep = self.max_length - head - trail
+                if keep < 1:
+                    raise ValueError(f"the prompt takes {n_prompt} tokens: no room is left for the text "
+                                     f"in the model's window of {self.max_length}")
+                tail = len(ids) - trail - keep
+                ids, special = ids[:head] + ids[tail:], special[:head] + special[tail:]
+                span = (n_content - keep, n_content)
             if len(ids) > self.max_length:
                 raise InvalidError(
                     f"input {i} has {len(ids)} tokens, over the model's limit of {self.max_length}; "
                     "shorten it or set truncate=true"
                 )
-            rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt))
+            rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt, span))
         return rows
 
     def _prompt_tokens(self, prompt: str) -> int:
@@ -223,7 +270,8 @@ class FrozenEncoder:
                 chunk = toks[w:w + width]
                 ids = [self.cls_id, *chunk, self.sep_id]
                 special = [1] + [0] * len(chunk) + [1]
-                rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt if w == 0 else 0))
+                rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt if w == 0 else 0,
+                                 (w, w + len(chunk))))
         return rows
 
     def _tokenize_landmark(self, texts: Sequence[str], prompt: str, g: int) -> list[_Row]:
@@ -248,25 +296,48 @@ class FrozenEncoder:
                     ids += chunk + [self.sep_id]
                     special += [0] * len(chunk) + [1]
                     landmark += [0] * len(chunk) + [1]
-                rows.append(_Row(i, ids, special, landmark))
+                start = w * g
+                rows.append(_Row(i, ids, special, landmark, span=(start, start + len(ids) - sum(special))))
         return rows
 
     def tokenize(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
-                 truncate: bool = True) -> list[_Row]:
-        prompt = self.prompt_for(role)
+                 truncate: bool = True, *, prompt_name: str | None = None,
+                 truncation_direction: str = "right") -> list[_Row]:
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise ValueError(f"truncation_direction must be 'right' or 'left', got {truncation_direction!r}")
+        prompt = self.prompt_for(role, prompt_name)
         if plan.kind == "standard":
-            return self._tokenize_standard(texts, prompt, truncate)
+            return self._tokenize_standard(texts, prompt, truncate, truncation_direction)
         if plan.kind == "windowed":
             return self._tokenize_windowed(texts, prompt)
         if plan.kind == "landmark":
             return self._tokenize_landmark(texts, prompt, plan.g)
         raise InvalidError(f"unknown tokenization plan {plan.kind!r}; use standard, windowed or landmark")
 
+    def windows(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
+                truncate: bool = True, **options) -> list[list[Window]]:
+        """What :meth:`encode` feeds the model for each text under ``plan``: one
+        :class:`Window` per row (several for a long input under the ``windowed`` and
+        ``landmark`` plans, one -- truncated -- under ``standard``). ``options``:
+        ``prompt_name``, ``truncation_direction`` as for :meth:`encode`."""
+        out: list[list[Window]] = [[] for _ in texts]
+        for r in self.tokenize(_check_texts(texts), plan, role, truncate, **options):
+            out[r.text].append(Window(list(r.ids), list(r.special), list(r.landmark), r.span))
+        return out
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation)."""
         enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=True,
                              max_length=self.max_length, return_attention_mask=False,
                              return_token_type_ids=False, verbose=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def lengths(self, texts: Sequence[str], role: str | None = None, prompt_name: str | None = None) -> list[int]:
+        """Tokens each text (with its prompt and the special tokens) has before any truncation:
+        over ``max_length``, ``truncate=False`` refuses it."""
+        prompt = self.prompt_for(role, prompt_name)
+        enc = self.tokenizer([prompt + t for t in _check_texts(texts)], add_special_tokens=True,
+                             return_attention_mask=False, return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     # ------------------------------------------------------------------ forward
@@ -294,19 +365,25 @@ class FrozenEncoder:
         return hidden, mask, layers
 
     def encode(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
-               truncate: bool = True, all_layers: bool = False) -> Iterator[tuple[list[int], TokenStates]]:
+               truncate: bool = True, all_layers: bool = False, *, prompt_name: str | None = None,
+               truncation_direction: str = "right") -> Iterator[tuple[list[int], TokenStates]]:
         """One forward pass over ``texts`` under ``plan``.
 
         Yields ``(text_ids, states)`` per batch: ``text_ids`` are the positions in ``texts`` of
         the batch's texts, in the order of ``states.text_index``. Batches are length-sorted
         and sized by the token budget; the caller restores the input order.
+
+        ``prompt_name`` picks one of the model's prompts by name instead of the ``role``'s;
+        ``truncation_direction`` (``right`` or ``left``) is the end the standard plan cuts an
+        over-long input at (the prompt is kept either way).
         """
         texts = _check_texts(texts)
         self.stats.passes += 1
         self.stats.per_plan[plan.key] = self.stats.per_plan.get(plan.key, 0) + 1
         if not texts:
             return
-        rows = self.tokenize(texts, plan, role, truncate)
+        rows = self.tokenize(texts, plan, role, truncate, prompt_name=prompt_name,
+                             truncation_direction=truncation_direction)
         # Keep all windows of one text in the same batch, so a text is pooled in one place.
         by_text: dict[int, list[int]] = {}
         for r, row in enumerate(rows):
@@ -354,6 +431,16 @@ class FrozenEncoder:
             width = w
         if batch:
             yield batch
+
+
+def _run_length(flags: Sequence[int]) -> int:
+    """How many leading entries of ``flags`` are 1."""
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
 
 
 def _check_texts(texts) -> list[str]:

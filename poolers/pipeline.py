@@ -99,6 +99,9 @@ class Embedder:
         truncate: bool = True,
         on_batch: Callable[[int, int], None] | None = None,
         on_pool: Callable[[str, float], None] | None = None,
+        *,
+        prompt_name: str | None = None,
+        truncation_direction: str = "right",
     ) -> EmbedResult:
         """Embed ``texts`` with every pooler in ``poolers`` from one forward pass per plan.
 
@@ -114,6 +117,9 @@ class Embedder:
             on_pool: called with ``(spec, seconds)`` after each pooler has pooled (and
                 post-processed) a forward batch: the pooler's own time, apart from the forward
                 pass its plan shares with the other poolers of the call.
+            prompt_name: one of the model's prompts by name (instead of the ``role``'s).
+            truncation_direction: ``right`` (default) or ``left``: the end at which
+                ``truncate`` cuts an over-long input.
         """
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
@@ -131,7 +137,9 @@ class Embedder:
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
         tokens_before = self.encoder.stats.tokens
         for plan, specs in by_plan.items():
-            for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate):
+            for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate,
+                                                        prompt_name=prompt_name,
+                                                        truncation_direction=truncation_direction):
                 for spec in specs:
                     t0 = time.perf_counter()
                     pooled = built[spec].pool_role(states, role)
