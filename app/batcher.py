@@ -3,7 +3,7 @@
 Requests enter a bounded queue (counted in inputs). The worker takes the oldest requests --
 splitting a large one into slices -- until a token budget is reached, groups the slices by the
 options that change the forward pass or its post-processing (role, truncate, normalize,
-dimensions), and calls :meth:`poolers.Embedder.embed` once per group with the union of the
+dimensions, prompt name, truncation direction), and calls :meth:`poolers.Embedder.embed` once per group with the union of the
 group's pooler specs. The engine sorts that group's texts by length and cuts them into
 token-budget forward batches, so texts of different clients share forward batches, and one
 forward pass per tokenization plan serves every pooler asked for.
@@ -79,6 +79,8 @@ class Job:
     dimensions: int | None
     truncate: bool
     est_tokens: list[int]
+    prompt_name: str | None = None
+    truncation_direction: str = "right"
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # inputs handed to the worker so far
     done: int = 0  # inputs finished
@@ -89,7 +91,8 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        return (self.role, self.truncate, self.normalize, self.dimensions)
+        return (self.role, self.truncate, self.normalize, self.dimensions, self.prompt_name,
+                self.truncation_direction)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -178,32 +181,51 @@ class Batcher:
 
     # ------------------------------------------------------------------ client side
     def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
-               normalize: bool = True, dimensions: int | None = None, truncate: bool = True) -> Job:
+               normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
+               prompt_name: str | None = None, truncation_direction: str = "right") -> Job:
         """Enqueue a request (thread-safe, never blocks on the encoder)."""
-        texts = list(texts)
-        specs = list(dict.fromkeys(specs))
-        cap = self._cap if truncate else None
-        job = Job(texts, specs, role, bool(normalize), dimensions, bool(truncate),
-                  [estimate_tokens(t, cap) for t in texts])
-        if not texts:
-            job.future.set_result(EmbedOutput({s: [] for s in specs}, {}, 0))
-            return job
+        return self.submit_many([(texts, specs, {"role": role, "normalize": normalize, "dimensions": dimensions,
+                                                 "truncate": truncate, "prompt_name": prompt_name,
+                                                 "truncation_direction": truncation_direction})])[0]
+
+    def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
+        """Enqueue several requests at once, next to each other in the queue, so the worker
+        takes them in the same round when they fit its budget (``/rerank``: the query, in the
+        query role, and its texts, as documents). ``requests``: ``(texts, specs, options)``
+        with the keyword options of :meth:`submit`. All are admitted or none."""
+        jobs = [self._job(texts, specs, **options) for texts, specs, options in requests]
+        live = [job for job in jobs if job.texts]
+        for job in jobs:
+            if not job.texts:
+                job.future.set_result(EmbedOutput({s: [] for s in job.specs}, {}, 0))
+        if not live:
+            return jobs
+        n = sum(len(job.texts) for job in live)
         with self._cond:
             if self._stopping:
                 raise Stopped("the server is shutting down")
-            if self._queued_inputs and self._queued_inputs + len(texts) > self.max_queue:
+            if self._queued_inputs and self._queued_inputs + n > self.max_queue:
                 if self.observer:
                     self.observer.on_rejected()
                 raise Overloaded(
                     f"the queue is full ({self._queued_inputs} inputs waiting, limit "
                     f"{self.max_queue}); retry later", self._retry_after())
-            self._pending.append(job)
-            self._queued_inputs += len(texts)
-            self._queued_tokens += sum(job.est_tokens)
+            for job in live:
+                self._pending.append(job)
+                self._queued_tokens += sum(job.est_tokens)
+            self._queued_inputs += n
             self._peak = max(self._peak, len(self._pending) + self._in_round)
             self._notify_queue()
             self._cond.notify()
-        return job
+        return jobs
+
+    def _job(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
+             normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
+             prompt_name: str | None = None, truncation_direction: str = "right") -> Job:
+        texts = list(texts)
+        cap = self._cap if truncate else None
+        return Job(texts, list(dict.fromkeys(specs)), role, bool(normalize), dimensions, bool(truncate),
+                   [estimate_tokens(t, cap) for t in texts], prompt_name, truncation_direction)
 
     async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
         """Submit and await the result; cancelling the awaiting task drops the request."""
@@ -320,8 +342,13 @@ class Batcher:
         specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
         texts = [t for s in group for t in s.job.texts[s.start:s.end]]
         try:
+            extra = {}  # only what differs from the defaults (any embedder takes those)
+            if job0.prompt_name is not None:
+                extra["prompt_name"] = job0.prompt_name
+            if job0.truncation_direction != "right":
+                extra["truncation_direction"] = job0.truncation_direction
             result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
-                                         dimensions=job0.dimensions, truncate=job0.truncate)
+                                         dimensions=job0.dimensions, truncate=job0.truncate, **extra)
         except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer
             if len(group) == 1:
                 self._fail(job0, exc)

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     single_thread_tokens: int = Field(32, ge=0, description="batcher rounds under this many tokens (a sentence or "
                                       "two) run the encoder on one thread, which is as fast on a quiet machine and "
                                       "faster on a busy one; 0 = always all threads")
+    rerank_cache_mb: int = Field(256, ge=0, description="memory for the document vectors /rerank keeps (least "
+                                 "recently used first out); reranked candidates often recur; 0 = off")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 

@@ -15,6 +15,7 @@ from fastapi import Request
 
 from embedpool import index
 from embedpool.app.batcher import Batcher, EmbedOutput
+from embedpool.app.server.cache import VectorCache
 from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
@@ -39,6 +40,7 @@ class Engine:
         self.load_seconds: float | None = None
         self._thread: threading.Thread | None = None
         self._default_pooler: str | None = None
+        self.rerank_cache = VectorCache(settings.rerank_cache_mb * 2**20)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -138,31 +140,58 @@ class Engine:
         except InvalidError as exc:
             raise Invalid(f"{field}: {exc}", param=field) from None
 
+    def check_prompt(self, prompt_name: str | None, field: str = "prompt_name") -> None:
+        """422 unless the model has a prompt of that name (``None``: nothing to check)."""
+        if prompt_name is None:
+            return
+        try:
+            self.require().encoder.prompt_for(None, prompt_name)
+        except ValueError as exc:
+            raise Invalid(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
+
     # ------------------------------------------------------------------ embedding
     async def embed(self, request: Request | None, texts: list[str], specs: list[str], *,
                     role: str = "document", normalize: bool = True, dimensions: int | None = None,
-                    truncate: bool = True) -> EmbedOutput:
+                    truncate: bool = True, prompt_name: str | None = None,
+                    truncation_direction: str = "right") -> EmbedOutput:
         """Embed through the batcher; if the client disconnects first, drop the work (499)."""
+        options = {"role": role, "normalize": normalize, "dimensions": dimensions, "truncate": truncate,
+                   "prompt_name": prompt_name, "truncation_direction": truncation_direction}
+        return (await self.embed_many(request, [(texts, specs, options)]))[0]
+
+    async def embed_many(self, request: Request | None,
+                         parts: list[tuple[list[str], list[str], dict[str, Any]]]) -> list[EmbedOutput]:
+        """Several embeddings of one request (``(texts, specs, options)`` each, options as for
+        :meth:`embed`), queued together so they share a batcher round (see
+        :meth:`Batcher.submit_many`); all or none."""
         self.require()
         assert self.batcher is not None
-        job = self.batcher.submit(texts, specs, role=role, normalize=normalize,
-                                  dimensions=dimensions, truncate=truncate)
-        result = asyncio.wrap_future(job.future)
+        jobs = self.batcher.submit_many(parts)
+        results = [asyncio.wrap_future(job.future) for job in jobs]
+        gathered = asyncio.ensure_future(asyncio.gather(*results))
         if request is None:
-            return await result
+            return list(await gathered)
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
-            done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            self.batcher.cancel(job)
+            self._cancel(jobs)
             raise
         finally:
             if not watcher.done():
                 watcher.cancel()
-        if result in done:
-            return result.result()
-        self.batcher.cancel(job)
+        if gathered in done:
+            if gathered.exception() is not None:
+                self._cancel(jobs)
+            return list(gathered.result())
+        self._cancel(jobs)
+        gathered.cancel()
         raise ClientClosed("the client closed the connection; its work was dropped")
+
+    def _cancel(self, jobs: list[Any]) -> None:
+        assert self.batcher is not None
+        for job in jobs:
+            self.batcher.cancel(job)
 
 
 def thread_policy(single_thread_tokens: int):
