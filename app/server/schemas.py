@@ -58,13 +58,35 @@ PoolerSpec = Annotated[StrictStr, Field(min_length=1, max_length=256,
 Vector = list[float]
 
 
+def _at_least_one(v: str | list[str]) -> str | list[str]:
+    if isinstance(v, list) and not v:
+        raise ValueError("empty list: give at least one text")
+    return v
+
+
+#: a text or a non-empty list of texts
+TextOrTexts = Annotated[Text | list[Text], AfterValidator(_at_least_one)]
+OutputPrecision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
+TruncationDirection = Literal["right", "left"]
+PRECISION_DOC = ("output precision, with the semantics of sentence-transformers' `quantize_embeddings`: "
+                 "`float32`, `float16`, `int8` / `uint8` (per-dimension ranges, see `ranges`), `binary` / "
+                 "`ubinary` (1 bit per dimension, packed 8 per byte: `int8` / `uint8` codes)")
+RANGES_DOC = ("int8 / uint8: the per-dimension `[[minimum...], [maximum...]]` the codes span (each list as long "
+              "as the output vectors). Default `[-1, 1]` in every dimension, fixed whatever else is in the "
+              "request (the bounds of a normalized vector's coordinates), so a text always gets the same codes; "
+              "send your own, e.g. calibrated once on your corpus, for finer steps. Required with "
+              "`normalize: false`")
+Ranges = Annotated[list[Annotated[list[float], Field(min_length=1, max_length=65536)]],
+                   Field(min_length=2, max_length=2, description=RANGES_DOC)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 # ---------------------------------------------------------------------- /embed
 class EmbedRequest(Strict):
-    inputs: Text | list[Text] = Field(
+    inputs: TextOrTexts = Field(
         ..., description="a text or a list of texts", examples=[["A sentence to embed.", "Another one."]])
     pooler: PoolerSpec | None = Field(None, description="one pooler spec (default: the server's)")
     poolers: list[PoolerSpec] | None = Field(
@@ -74,6 +96,15 @@ class EmbedRequest(Strict):
     normalize: StrictBool = Field(True, description="L2-normalize each vector")
     dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka: keep the first N dimensions, then normalize")
     truncate: StrictBool = Field(True, description="cut inputs at the model's window; false: over-long inputs are a 422")
+    truncation_direction: TruncationDirection = Field(
+        "right", description="TEI: which end `truncate` cuts (`left` keeps the end of the text; a prompt is kept)")
+    prompt_name: StrictStr | None = Field(
+        None, max_length=256, description="TEI / sentence-transformers: the model's prompt of this name (a key of "
+                                          "its `prompts`), instead of the `role`'s")
+    precision: OutputPrecision = Field("float32", description=PRECISION_DOC)
+    ranges: Ranges | None = None
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="`base64`: each input's codes as one base64 string of little-endian bytes, row-major")
 
     @model_validator(mode="after")
     def _one_pooler_field(self) -> "EmbedRequest":
@@ -81,34 +112,34 @@ class EmbedRequest(Strict):
             raise ValueError("give either 'pooler' or 'poolers', not both")
         return self
 
-    @field_validator("inputs")
-    @classmethod
-    def _not_empty(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and not v:
-            raise ValueError("empty list: give at least one text")
-        return v
-
 
 class Usage(BaseModel):
     tokens: int = Field(..., description="tokens of the inputs (after truncation), special tokens included")
+
+
+Embeddings = Annotated[list[Vector] | list[list[Vector]] | list[str], Field(
+    description="per input: a vector (single-vector poolers) or a list of vectors (multi-vector), as numbers, "
+                "or with `encoding_format: base64` one base64 string")]
 
 
 class EmbedResponse(BaseModel):
     model: str
     pooler: str = Field(..., description="canonical spec of the pooler used")
     multi_vector: bool = Field(..., description="true: each embedding is a list of vectors")
-    embeddings: list[Vector] | list[list[Vector]]
+    precision: OutputPrecision = "float32"
+    embeddings: Embeddings
     usage: Usage
 
 
 class PoolerResult(BaseModel):
     pooler: str
     multi_vector: bool
-    embeddings: list[Vector] | list[list[Vector]]
+    embeddings: Embeddings
 
 
 class MultiEmbedResponse(BaseModel):
     model: str
+    precision: OutputPrecision = "float32"
     results: list[PoolerResult] = Field(..., description="one per requested pooler, in request order")
     usage: Usage
 
@@ -119,25 +150,39 @@ class OpenAIEmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input: Text | list[Text] = Field(..., description="a text or a list of texts (token arrays are not supported)")
+    input: TextOrTexts = Field(..., description="a text or a list of texts (token arrays are not supported)")
     model: StrictStr | None = Field(None, description="accepted for compatibility; the server's model is used")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
     user: StrictStr | None = None
     pooler: PoolerSpec | None = Field(None, description="extension: a single-vector pooler spec")
+    input_type: Literal["query", "passage", "document"] | None = Field(
+        None, description="extension (NVIDIA NIM's name): `query` embeds in the query role (the model's query "
+                          "prompt, if any); `passage` / `document` (default) as documents")
+    role: Role | None = Field(None, description="extension: embedpool's name for `input_type` (`query` or `document`)")
+    precision: OutputPrecision = Field("float32", description="extension: " + PRECISION_DOC + ". With "
+                                       "`encoding_format: base64` only float32 (what OpenAI clients decode)")
+    ranges: Ranges | None = None
 
-    @field_validator("input")
-    @classmethod
-    def _not_empty(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and not v:
-            raise ValueError("empty list: give at least one text")
-        return v
+    @model_validator(mode="after")
+    def _one_role(self) -> "OpenAIEmbeddingRequest":
+        if self.input_type is not None and self.role is not None:
+            asked = "query" if self.input_type == "query" else "document"
+            if asked != self.role:
+                raise ValueError(f"input_type {self.input_type!r} and role {self.role!r} disagree; give one of them")
+        return self
+
+    @property
+    def embed_role(self) -> str:
+        if self.role is not None:
+            return self.role
+        return "query" if self.input_type == "query" else "document"
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: Vector | str = Field(..., description="floats, or base64 of little-endian float32")
+    embedding: Vector | str = Field(..., description="numbers, or base64 of little-endian float32")
 
 
 class OpenAIUsage(BaseModel):
@@ -150,6 +195,67 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
+
+
+# ---------------------------------------------------------------------- /rerank
+class RerankRequest(Strict):
+    """TEI's rerank request, plus `pooler` and `truncation_direction`."""
+
+    query: StrictStr = Field(..., examples=["What is deep learning?"])
+    texts: Annotated[list[StrictStr], AfterValidator(_at_least_one)] = Field(..., examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
+    pooler: PoolerSpec | None = Field(
+        None, description="default `tokens`: a multi-vector pooler scores by MaxSim (late interaction, as ColBERT), "
+                          "a single-vector one by cosine")
+    raw_scores: StrictBool = Field(False, description="MaxSim: the raw sum over query vectors instead of its "
+                                                      "mean (cosine poolers: no difference)")
+    return_text: StrictBool = Field(False, description="include each text in the answer")
+    truncate: StrictBool = Field(False, description="TEI's default: an input over the model's window is a 422; "
+                                                    "true: cut it")
+    truncation_direction: TruncationDirection = "right"
+
+
+class Rank(BaseModel):
+    index: int = Field(..., description="position of the text in the request's `texts`")
+    score: float = Field(..., description="MaxSim (mean over query vectors unless `raw_scores`) or cosine")
+    text: str | None = Field(None, description="with `return_text`")
+
+
+# ---------------------------------------------------------------------- /tokenize
+class TokenizeRequest(Strict):
+    """TEI's tokenize request, plus `role`, `pooler` and `truncation_direction`."""
+
+    inputs: TextOrTexts = Field(..., examples=["A sentence to tokenize."])
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = Field(None, max_length=256, description="the model's prompt of this name")
+    role: Role | None = Field(None, description="the role's prompt, as /embed applies it (default: no prompt, as TEI)")
+    pooler: PoolerSpec | None = Field(
+        None, description="also answer the windows this pooler's tokenization encodes: `tokens:window=true` "
+                          "(consecutive windows), `landmark:g=32` (landmark windows), any other (the truncated "
+                          "window); the answer is then an object")
+    truncation_direction: TruncationDirection = "right"
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str = Field(..., description="the text's characters of the token (specials: the token itself)")
+    special: bool
+    start: int | None = Field(None, description="character offset in the input (null: special or prompt token)")
+    stop: int | None = None
+
+
+class TokenWindow(BaseModel):
+    ids: list[int] = Field(..., description="the window's token ids as the model sees them (specials included)")
+    tokens: list[int] = Field(..., description="[first, end) of this input's token list that the window holds")
+    start: int | None = Field(None, description="first character of the input in the window")
+    stop: int | None = Field(None, description="end (exclusive) of the window's characters")
+    landmarks: list[int] = Field(default_factory=list, description="positions in `ids` of landmark [SEP]s")
+
+
+class TokenizeWindows(BaseModel):
+    pooler: str
+    plan: str = Field(..., description="`standard` (truncated), `windowed` or `landmark:g=N`")
+    tokens: list[list[SimpleToken]]
+    windows: list[list[TokenWindow]] = Field(..., description="per input, its windows in order")
 
 
 # ---------------------------------------------------------------------- collections
