@@ -12,7 +12,7 @@ from embedpool.app.server import errors
 from embedpool.app.server.auth import AuthMiddleware
 from embedpool.app.server.limits import BodyLimitMiddleware
 from embedpool.app.server.metrics import Metrics, MetricsMiddleware
-from embedpool.app.server.routers import collections, embed, health, openai
+from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tokenize
 from embedpool.app.server.state import Collections, Engine
 from embedpool.app.settings import Settings
 
@@ -24,7 +24,10 @@ collections to search them.
 Errors answer `{"error": message, "type": kind}` (OpenAI's shape under `/v1/`): 401
 unauthorized, 404 not found, 409 conflict, 413 too large, 422 validation, 429 overloaded
 (`Retry-After`), 503 not ready. When the server has an API key, send `Authorization: Bearer <key>`
-(every route but `/health` and `/metrics`)."""
+(every route but `/health` and `/metrics`).
+
+The pooler playground, a page that compares poolers on your texts or collections through this
+API, is at [`/playground/`](/playground/)."""
 
 
 def create_app(settings: Settings | None = None, *, embedder: Any = None) -> FastAPI:
@@ -49,8 +52,10 @@ def create_app(settings: Settings | None = None, *, embedder: Any = None) -> Fas
     app.state.metrics = metrics
     app.state.engine = engine
     app.state.collections = colls
-    for router in (health.router, embed.router, openai.router, collections.router):
+    for router in (health.router, embed.router, openai.router, collections.router, rerank.router,
+                   tokenize.router):
         app.include_router(router)
+    playground.mount(app)
     errors.install(app)
     # Outermost last: metrics see every answer, auth runs before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_payload_bytes)

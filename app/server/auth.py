@@ -1,8 +1,9 @@
 """API-key authentication (``Authorization: Bearer <key>``) when ``api_key`` is set.
 
 The key is checked by :class:`AuthMiddleware` before the body is read, on every route but
-``/health``, ``/metrics`` and the API docs (``/docs``, ``/redoc``, ``/openapi.json``: they hold no
-data, and Swagger UI's *Authorize* button needs the page to load). :func:`require_api_key` is the
+``/health``, ``/metrics``, the API docs (``/docs``, ``/redoc``, ``/openapi.json``: they hold no
+data, and Swagger UI's *Authorize* button needs the page to load) and the playground's static
+page (``/``, ``/playground/...``, which asks for the key). :func:`require_api_key` is the
 same check as a FastAPI dependency, so that the protected routes declare the Bearer scheme in
 the OpenAPI document.
 """
@@ -17,7 +18,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedpool.app.server.errors import Unauthorized, render
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/"})
+#: the playground's static files hold no data either (the page asks for the key to call the API)
+PUBLIC_PREFIXES = ("/playground",)
 
 bearer_scheme = HTTPBearer(auto_error=False, description="the server's API key (EMBEDPOOL_API_KEY)")
 
@@ -44,7 +47,9 @@ class AuthMiddleware:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.api_key and scope["path"] not in PUBLIC_PATHS:
+        path = scope.get("path", "")
+        if (scope["type"] == "http" and self.api_key and path not in PUBLIC_PATHS
+                and not path.startswith(PUBLIC_PREFIXES)):
             header = None
             for k, v in scope.get("headers", ()):
                 if k == b"authorization":
