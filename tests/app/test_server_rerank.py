@@ -165,3 +165,13 @@ def test_rerank_scifact_matches_two_stage(client, scifact_collections):
           f"nDCG@10 {a:.4f}, two_stage search {b:.4f}")
     assert abs(a - b) <= 0.002
     assert a > 0.5  # MaxSim over MiniLM tokens on SciFact is ~0.6; a broken ranking is far lower
+
+
+def test_rerank_a_20000_token_document(client):
+    long = " ".join(["leaf sun"] * 10_000)  # 20,000 tokens in 90,000 characters
+    r = client.post("/rerank", json={"query": QUERY, "texts": [long, TEXTS[1]], "truncate": True})
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["index"] == 0
+    r = client.post("/rerank", json={"query": QUERY, "texts": [long, TEXTS[1]], "pooler": "tokens:window=true",
+                                     "truncate": True})
+    assert r.status_code == 200 and r.json()[0]["index"] == 0  # every window's tokens are scored

@@ -123,3 +123,14 @@ def test_tokenize_errors(server, client):
         assert r.json()["error"].startswith(field), r.json()
     assert client.post("/tokenize", json={"inputs": "x" * 100_001}).status_code == 413
     server.alive()
+
+
+def test_a_20000_token_document(client):
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(20_000))
+    ans = tokenize(client, inputs=text, pooler="tokens:window=true")
+    windows = ans["windows"][0]
+    assert len(ans["tokens"][0]) == 20_002 and len(windows) == -(-20_000 // 254)
+    assert sum(len(w["ids"]) - 2 for w in windows) == 20_000
+    assert windows[0]["start"] == 0 and windows[-1]["stop"] == len(text)
+    landmark = tokenize(client, inputs=text, pooler="landmark:g=32")["windows"][0]
+    assert sum(len(w["landmarks"]) for w in landmark) == -(-20_000 // 32)
