@@ -201,8 +201,8 @@ class OpenAIEmbeddingResponse(BaseModel):
 class RerankRequest(Strict):
     """TEI's rerank request, plus `pooler` and `truncation_direction`."""
 
-    query: StrictStr = Field(..., examples=["What is deep learning?"])
-    texts: Annotated[list[StrictStr], AfterValidator(_at_least_one)] = Field(..., examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
+    query: Text = Field(..., examples=["What is deep learning?"])
+    texts: Annotated[list[Text], AfterValidator(_at_least_one)] = Field(..., examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
     pooler: PoolerSpec | None = Field(
         None, description="default `tokens`: a multi-vector pooler scores by MaxSim (late interaction, as ColBERT), "
                           "a single-vector one by cosine")

@@ -33,6 +33,9 @@ SURROGATES = [
     ("/collections/surr/documents", '[{"id": "a", "text": "t", "metadata": {"k": ["%s"]}}]' % LONE, "metadata"),
     ("/collections/surr/search", '{"query": "%s"}' % LONE, "query"),
     ("/collections/surr/search", '{"queries": ["ok", "%s"]}' % LONE, "queries[1]"),
+    ("/rerank", '{"query": "%s", "texts": ["ok"]}' % LONE, "query"),
+    ("/rerank", '{"query": "ok", "texts": ["ok", "%s"]}' % LONE, "texts[1]"),
+    ("/tokenize", '{"inputs": ["ok", "%s"]}' % LONE, "inputs[1]"),
 ]
 
 
