@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from embedpool.app.evaluation import load_sts
+from embedpool.app.datasets import load_sts
 from embedpool.poolers import Embedder, FrozenEncoder, quantize_output, unit_ranges
 
 ROOT = Path(__file__).resolve().parents[1]

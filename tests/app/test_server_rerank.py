@@ -118,7 +118,7 @@ def test_rerank_needs_the_api_key(limited_server):
 def scifact_collections(server, embedder, data_dir):
     """A SciFact slice (50 test queries, their relevant documents and distractors) indexed by
     `embedpool index`'s job into the server's data folder: `tokens` with a `mean` companion."""
-    from embedpool.app import evaluation as ev
+    from embedpool.app import datasets as ev
     from embedpool.app.indexing import IndexJob
 
     data = ev.slice_beir(ev.load_beir(data_dir / "scifact", "test"), max_docs=160, max_queries=50, seed=1)
