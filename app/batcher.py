@@ -57,6 +57,7 @@ class Stopped(UnavailableError):
 class BatchObserver(Protocol):  # what the server's metrics implement
     def on_queue(self, inputs: int, requests: int) -> None: ...
     def on_round(self, inputs: int, tokens: int, seconds: float) -> None: ...
+    def on_stages(self, seconds: dict[str, float]) -> None: ...
     def on_dropped(self, inputs: int) -> None: ...
     def on_rejected(self) -> None: ...
 
@@ -81,6 +82,7 @@ class Job:
     est_tokens: list[int]
     prompt_name: str | None = None
     truncation_direction: str = "right"
+    counts: list[int] | None = None  # exact standard-plan tokens per input, counted before submit
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # inputs handed to the worker so far
     done: int = 0  # inputs finished
@@ -149,6 +151,7 @@ class Batcher:
         self._rate = 0.0  # inputs per second, moving average (for Retry-After)
         encoder = getattr(embedder, "encoder", None)
         self._cap = int(getattr(encoder, "max_length", 0) or 0) or None
+        self._counter: Callable[[list[str]], list[int]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Batcher":
@@ -180,13 +183,27 @@ class Batcher:
         return len(self._pending)
 
     # ------------------------------------------------------------------ client side
+    def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
+        """Exact standard-plan token counts (thread-safe; the server calls it off the worker, so
+        tokenizing the next requests overlaps the forward pass of the current round)."""
+        if self._counter is None:
+            encoder = getattr(self.embedder, "encoder", None)
+            if encoder is None or not hasattr(encoder, "token_counter"):
+                return None
+            self._counter = encoder.token_counter()
+        return self._counter(list(texts)) if texts else None
+
     def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
                normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-               prompt_name: str | None = None, truncation_direction: str = "right") -> Job:
-        """Enqueue a request (thread-safe, never blocks on the encoder)."""
+               prompt_name: str | None = None, truncation_direction: str = "right",
+               counts: Sequence[int] | None = None) -> Job:
+        """Enqueue a request (thread-safe, never blocks on the encoder). ``counts``: the inputs'
+        token counts from :meth:`count_tokens`, if the caller has them (exact round budgets,
+        and the worker does not count them again)."""
         return self.submit_many([(texts, specs, {"role": role, "normalize": normalize, "dimensions": dimensions,
                                                  "truncate": truncate, "prompt_name": prompt_name,
-                                                 "truncation_direction": truncation_direction})])[0]
+                                                 "truncation_direction": truncation_direction,
+                                                 "counts": counts})])[0]
 
     def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
         """Enqueue several requests at once, next to each other in the queue, so the worker
@@ -221,11 +238,13 @@ class Batcher:
 
     def _job(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
              normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-             prompt_name: str | None = None, truncation_direction: str = "right") -> Job:
+             prompt_name: str | None = None, truncation_direction: str = "right",
+             counts: Sequence[int] | None = None) -> Job:
         texts = list(texts)
         cap = self._cap if truncate else None
+        exact = [int(c) for c in counts] if counts is not None and len(counts) == len(texts) else None
         return Job(texts, list(dict.fromkeys(specs)), role, bool(normalize), dimensions, bool(truncate),
-                   [estimate_tokens(t, cap) for t in texts], prompt_name, truncation_direction)
+                   exact or [estimate_tokens(t, cap) for t in texts], prompt_name, truncation_direction, exact)
 
     async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
         """Submit and await the result; cancelling the awaiting task drops the request."""
@@ -322,6 +341,9 @@ class Batcher:
         if self.before_round is not None:
             self.before_round(sum(sum(s.job.est_tokens[s.start:s.end]) for s in slices))
         t0 = time.perf_counter()
+        stats = getattr(getattr(self.embedder, "encoder", None), "stats", None)
+        before = (stats.tokenize_seconds, stats.forward_seconds) if stats is not None else (0.0, 0.0)
+        self._stage = {"embed": 0.0, "count": 0.0, "deliver": 0.0}
         groups: dict[tuple, list[_Slice]] = {}
         for s in slices:
             if not s.job.cancelled:
@@ -336,11 +358,19 @@ class Batcher:
             self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
         if self.observer and n_inputs:
             self.observer.on_round(n_inputs, n_tokens, dt)
+            if stats is not None and hasattr(self.observer, "on_stages"):
+                tok = stats.tokenize_seconds - before[0]
+                fwd = stats.forward_seconds - before[1]
+                st = self._stage
+                self.observer.on_stages({"tokenize": tok, "forward": fwd,
+                                         "pool": max(0.0, st["embed"] - tok - fwd),
+                                         "count": st["count"], "deliver": st["deliver"]})
 
     def _run_group(self, group: list[_Slice]) -> int:
         job0 = group[0].job
         specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
         texts = [t for s in group for t in s.job.texts[s.start:s.end]]
+        t0 = time.perf_counter()
         try:
             extra = {}  # only what differs from the defaults (any embedder takes those)
             if job0.prompt_name is not None:
@@ -356,12 +386,22 @@ class Batcher:
             # One request's input is bad (e.g. too long with truncate=false), or trips a bug:
             # run each alone so that only that request fails.
             return sum(self._run_group([s]) for s in group)
-        counts = self._count_tokens(texts)
+        t1 = time.perf_counter()
+        if all(s.job.counts is not None for s in group):
+            counts = [c for s in group for c in s.job.counts[s.start:s.end]]
+        else:
+            counts = self._count_tokens(texts)
+        t2 = time.perf_counter()
         offset = 0
         for s in group:
             n = s.end - s.start
             self._deliver(s, result, offset, counts[offset:offset + n])
             offset += n
+        stage = getattr(self, "_stage", None)
+        if stage is not None:
+            stage["embed"] += t1 - t0
+            stage["count"] += t2 - t1
+            stage["deliver"] += time.perf_counter() - t2
         return int(result.tokens)
 
     def _count_tokens(self, texts: list[str]) -> list[int]:

@@ -206,7 +206,8 @@ class IndexJob:
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
         dim = self.dimensions or self.embedder.dim
-        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize)
+        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
+                      encoder_precision=getattr(self.embedder.encoder, "precision", None))
         if t.multi:
             comp = self.targets[self.companion].name if self.companion else None
             return CollectionSpec(kind="multi", precision=self.index_settings["precision"],

@@ -9,13 +9,22 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
+# (tests/poolers/test_precision.py checks that the two agree)
+PRECISIONS = ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino-bf16", "openvino-int8",
+              "openvino-int8-weights", "int8")
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
 
     # engine
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
+        "auto", description="encoder path; auto = the fastest within the quality bar on this CPU "
+        "(see poolers/precision.py)")
+    calibration_file: str | None = Field(None, description="texts (one per line) to calibrate static int8 "
+                                         "(openvino-int8); default: a few built-in sentences")
     pooler: str = Field("auto", description="default pooler spec; auto = the model's own pooling")
     max_batch_tokens: int = Field(2048, ge=64, description="token budget of one forward batch and of one batcher "
                                   "round (small batches stay in cache: faster on small CPUs than 16384)")
@@ -51,7 +60,11 @@ class Settings(BaseSettings):
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "int8"], help="encoder precision: fp32, bf16 (CPU autocast; slow without AMX) or int8 (ONNX Runtime fast path) (env EMBEDPOOL_PRECISION)")
+    parser.add_argument("--precision", choices=list(PRECISIONS),
+                        help="encoder path: auto (default: the fastest within the quality bar on this CPU), fp32, "
+                        "bf16 (autocast), bf16-weights, openvino-fp32/-bf16/-int8/-int8-weights; "
+                        "int8 = openvino-int8 (env EMBEDPOOL_PRECISION)")
+    parser.add_argument("--calibration-file", help="texts, one per line, for static int8 calibration")
     parser.add_argument("--max-batch-tokens", type=int, help="token budget of one forward batch")
 
 
@@ -73,6 +86,11 @@ def load_embedder(settings: Settings):
     """The engine for these settings (imported lazily: torch is slow to import)."""
     from embedpool.poolers import Embedder, FrozenEncoder
 
+    calibration = None
+    if settings.calibration_file:
+        from pathlib import Path
+
+        calibration = [t for t in Path(settings.calibration_file).read_text().splitlines() if t.strip()]
     encoder = FrozenEncoder(settings.model, precision=settings.precision,
-                            max_batch_tokens=settings.max_batch_tokens)
+                            max_batch_tokens=settings.max_batch_tokens, calibration=calibration)
     return Embedder(encoder, default_pooler=settings.pooler)

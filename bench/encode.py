@@ -1,26 +1,30 @@
-"""Encoding benchmark: sentence-transformers fp32 (reference) vs embedpool fp32 vs the int8 fast path.
+"""Encoding benchmark: sentence-transformers fp32 (reference) vs every encoder path of embedpool
+on this machine, and ``precision=auto``.
 
 In one run, on the first ``--docs`` SciFact documents (``title + " " + text``) and ``--sentences``
 STS-B sentences (test set ``sentence1``/``sentence2`` in order, then dev):
 
-- texts/s of sentence-transformers ``encode()`` fp32 (the reference), embedpool fp32 and
-  embedpool ``int8`` (ONNX Runtime fast path, ``poolers/fastpath.py``), all with ``mean`` pooling,
-  normalized; ratios to the reference;
-- cosine of every fast-path embedding to embedpool fp32 (min and mean), and of embedpool fp32 to
-  the reference (a sanity check: ~1.0);
-- ``cluster:pool_factor=2`` pooling time per document relative to encoding time per document,
-  on the token states of one fp32 pass over the first ``--cluster-docs`` documents (pooling only,
-  no forward in the timing);
-- peak RSS of the process.
+- texts/s of sentence-transformers ``encode()`` fp32 (the reference) and of embedpool with each
+  path (``poolers/precision.py``: torch fp32 / bf16 autocast / bf16 weights, OpenVINO fp32 / bf16 /
+  NNCF int8 / int8 weights, ONNX Runtime's own dynamic and static QDQ int8, and the hand-written
+  ONNX Runtime int8 graph while it exists), all with ``mean`` pooling, normalized; ratios to the
+  reference; ``auto`` as the encoder the server would load;
+- cosine of every path's embedding to embedpool fp32 (min and mean) and the quality bar
+  (min ≥ 0.995); embedpool fp32 to the reference (a sanity check: ~1.0);
+- the CPU flags found (``/proc/cpuinfo``, ``torch.backends.cpu.get_cpu_capability()``), which path
+  ``auto`` chose and why, the load average before and after, peak RSS;
+- ``cluster:pool_factor=2`` pooling time per document relative to fp32 encoding time.
 
-The machine is shared and noisy, so the texts are split into chunks and every chunk is encoded
-by all three systems back to back, in a rotating order; each system's time is the sum over its
-chunks. Ratios from the same run are the numbers to read.
+bf16 paths are skipped on CPUs without bf16 hardware (emulated bf16 is very slow). The machine is
+shared and noisy, so the texts are split into chunks and every chunk is encoded by all systems
+back to back, in a rotating order; each system's time is the sum over its chunks. Ratios from the
+same run are the numbers to read.
 
-    .venv/bin/python bench/encode.py                          # full size: several minutes
-    .venv/bin/python bench/encode.py --docs 64 --sentences 256 # a quick run
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/encode.py         # full size
+    .venv/bin/python bench/encode.py --docs 64 --sentences 256                # a quick run
+    .venv/bin/python bench/encode.py --paths fp32 openvino-bf16               # some paths only
 
-Writes ``bench/results/encode.json`` (or ``--out``) and prints a markdown table.
+Writes ``bench/results/encode.json`` (or ``--out``) and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ from embedpool.app.datasets import CorpusSource, sts_sentences  # noqa: E402
 ROOT = _HERE.parent
 DEFAULT_DATA = Path(os.environ.get("EMBEDPOOL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 RESULTS = _HERE / "results" / "encode.json"
-SYSTEMS = ("st_fp32", "embedpool_fp32", "embedpool_int8")
 
 
 def load_docs(data: Path, n: int) -> list[str]:
@@ -103,6 +106,45 @@ def time_cluster(encoder, texts: list[str]) -> dict:
     return {"seconds": seconds, "per_doc_ms": 1000 * seconds / max(len(texts), 1), "vectors": n_vectors}
 
 
+def build_systems(args, st, enc32):
+    """name -> encode(texts) -> normalized [N, D]; plus load seconds and skipped paths."""
+    import copy
+
+    from embedpool.poolers import Embedder, FrozenEncoder
+    from embedpool.poolers.precision import MEASURED_ONLY, PATHS, cpu_features, load_forward
+
+    isa = cpu_features().isa
+    wanted = args.paths or [*PATHS, *MEASURED_ONLY, "int8-handwritten"]
+    systems = {"st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
+                                              convert_to_numpy=True, show_progress_bar=False)}
+    load_s, skipped = {}, {}
+    for path in ["fp32", *[p for p in wanted if p != "fp32"]]:
+        if "bf16" in path and isa not in ("amx", "avx512_bf16"):
+            skipped[path] = f"no bf16 hardware ({isa})"
+            continue
+        t0 = time.perf_counter()
+        try:
+            if path == "int8-handwritten":
+                from embedpool.poolers.fastpath import load_fastpath
+
+                fwd = load_fastpath(enc32.model, "int8", tokenizer=enc32.tokenizer)
+            else:
+                fwd = load_forward(path, enc32.model, enc32.tokenizer, enc32.max_length)
+        except Exception as exc:  # a library missing or failing: reported, not fatal
+            skipped[path] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        twin = copy.copy(enc32)
+        twin.stats = type(enc32.stats)()
+        twin._forward_fn, twin.precision = fwd, ("fp32" if path == "int8-handwritten" else path)
+        load_s[path] = time.perf_counter() - t0
+        systems[path] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(twin))
+    t0 = time.perf_counter()
+    auto = FrozenEncoder(precision="auto", max_batch_tokens=enc32.max_batch_tokens)
+    load_s["auto"] = time.perf_counter() - t0
+    systems["auto"] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(auto))
+    return systems, load_s, skipped, auto
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1000, help="SciFact documents (default 1000)")
@@ -113,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="documents whose fp32 token states are cluster-pooled for the pooling timing")
     ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers encode() batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch/ONNX Runtime threads (0: torch default)")
+    ap.add_argument("--paths", nargs="*", help="embedpool paths to measure (default: all; fp32 and auto always)")
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -121,26 +164,21 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sentence_transformers import SentenceTransformer
 
-    from embedpool.poolers import Embedder, FrozenEncoder
+    from embedpool.poolers import FrozenEncoder
     from embedpool.poolers.encoder import default_model_path
+    from embedpool.poolers.precision import cpu_features
 
+    load_before = os.getloadavg()
+    feats = cpu_features()
+    print(f"CPU: {feats.summary()}\nall flags: {' '.join(sorted(feats.flags))}", file=sys.stderr, flush=True)
     docs = load_docs(args.data, args.docs)
     sentences = load_sentences(args.data, args.sentences)
 
     st = SentenceTransformer(default_model_path(), device="cpu", local_files_only=True)
     enc32 = FrozenEncoder(precision="fp32")
-    t0 = time.perf_counter()
-    enc8 = FrozenEncoder(precision="int8")  # builds the ONNX artifact on first use, then reuses it
-    int8_load_s = time.perf_counter() - t0
-    emb32, emb8 = Embedder(enc32), Embedder(enc8)
-
-    encoders = {
-        "st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
-                                       convert_to_numpy=True, show_progress_bar=False),
-        "embedpool_fp32": lambda t: emb32.embed(t, ["mean"]).matrix("mean"),
-        "embedpool_int8": lambda t: emb8.embed(t, ["mean"]).matrix("mean"),
-    }
-    for fn in encoders.values():  # warm-up (first-call allocations, ORT session init)
+    systems, load_s, skipped, auto = build_systems(args, st, enc32)
+    print(f"auto -> {auto.precision}: {auto.precision_reason}", file=sys.stderr, flush=True)
+    for fn in systems.values():  # warm-up (first-call allocations, session init)
         fn(docs[:4] + sentences[:4])
 
     sets = {}
@@ -148,17 +186,13 @@ def main(argv: list[str] | None = None) -> dict:
                                ("stsb_sentences", sentences, args.chunk_sentences)):
         if not texts:
             continue
-        tokens = sum(enc32.count_tokens(texts))
-        seconds, embs = encode_interleaved(encoders, texts, chunk)
+        seconds, embs = encode_interleaved(systems, texts, chunk)
         ref = seconds["st_fp32"]
         sets[name] = {
-            "texts": len(texts),
-            "tokens": tokens,
-            "seconds": seconds,
+            "texts": len(texts), "tokens": sum(enc32.count_tokens(texts)), "seconds": seconds,
             "texts_per_s": {k: len(texts) / v for k, v in seconds.items()},
             "ratio_to_reference": {k: ref / v for k, v in seconds.items()},
-            "cosine_int8_to_fp32": cosines(embs["embedpool_int8"], embs["embedpool_fp32"]),
-            "cosine_fp32_to_reference": cosines(embs["embedpool_fp32"], embs["st_fp32"]),
+            "cosine_to_fp32": {k: cosines(e, embs["fp32"]) for k, e in embs.items()},
         }
         print(f"[{name}] done: {json.dumps({k: round(v, 2) for k, v in sets[name]['texts_per_s'].items()})}",
               file=sys.stderr, flush=True)
@@ -167,19 +201,21 @@ def main(argv: list[str] | None = None) -> dict:
     if docs:
         cluster = time_cluster(enc32, docs[: args.cluster_docs])
         cluster["docs"] = min(len(docs), args.cluster_docs)
-        d = sets["scifact_docs"]["seconds"]
-        per_doc = {k: v / len(docs) for k, v in d.items()}
-        cluster["fraction_of_encode_fp32"] = cluster["per_doc_ms"] / 1000 / per_doc["embedpool_fp32"]
-        cluster["fraction_of_encode_int8"] = cluster["per_doc_ms"] / 1000 / per_doc["embedpool_int8"]
+        per_doc = sets["scifact_docs"]["seconds"]["fp32"] / len(docs)
+        cluster["fraction_of_encode_fp32"] = cluster["per_doc_ms"] / 1000 / per_doc
 
     result = {
         "benchmark": "encode",
         "model": enc32.model_id,
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
-        "fast_path": {"precision": "int8", "artifact": str(enc8._forward_fn.path),
-                      "load_seconds": int8_load_s},
+                    "torch": torch.__version__, "isa": feats.isa, "torch_capability": feats.capability,
+                    "flags": sorted(feats.flags), "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
+        "auto": {"path": auto.precision, "reason": auto.precision_reason},
+        "load_seconds": load_s,
+        "skipped": skipped,
+        "libraries": _versions(),
         "sets": sets,
         "cluster_pool_factor_2": cluster,
         "peak_rss_mb": peak_rss_mb(),
@@ -191,23 +227,50 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "sentence-transformers", "openvino", "nncf", "onnxruntime"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+BAR = 0.995
+
+
 def table(r: dict) -> str:
-    lines = ["| set | texts | ST fp32 texts/s | embedpool fp32 texts/s (x ref) | int8 fast path texts/s (x ref) "
-             "| int8 cos to fp32 min / mean |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, s in r["sets"].items():
-        tps, ratio, cos = s["texts_per_s"], s["ratio_to_reference"], s["cosine_int8_to_fp32"]
-        lines.append(
-            f"| {name} | {s['texts']} | {tps['st_fp32']:.1f} | {tps['embedpool_fp32']:.1f} "
-            f"({ratio['embedpool_fp32']:.2f}x) | {tps['embedpool_int8']:.1f} ({ratio['embedpool_int8']:.2f}x) "
-            f"| {cos['min']:.4f} / {cos['mean']:.4f} |")
+    docs, sents = r["sets"].get("scifact_docs"), r["sets"].get("stsb_sentences")
+    lines = [f"ISA: {r['machine']['isa']} (torch {r['machine']['torch_capability']}); auto -> "
+             f"**{r['auto']['path']}**; load average {r['machine']['load_average_before'][0]:.1f} before, "
+             f"{r['machine']['load_average_after'][0]:.1f} after", "",
+             "| path | documents texts/s (x ref) | sentences texts/s (x ref) | cos to fp32 min / mean (docs) "
+             "| (sentences) | bar (min cos ≥ 0.995) |",
+             "|---|---:|---:|---:|---:|---|"]
+
+    def cell(s, k):
+        return f"{s['texts_per_s'][k]:.1f} ({s['ratio_to_reference'][k]:.2f}x)" if s else ""
+
+    def cos(s, k):
+        return f"{s['cosine_to_fp32'][k]['min']:.4f} / {s['cosine_to_fp32'][k]['mean']:.4f}" if s else ""
+
+    for k in (docs or sents)["texts_per_s"]:
+        label = {"st_fp32": "sentence-transformers fp32 (reference)", "auto": f"auto ({r['auto']['path']})"}.get(k, k)
+        mins = [s["cosine_to_fp32"][k]["min"] for s in (docs, sents) if s]
+        bar = "" if k == "st_fp32" else ("met" if min(mins) >= BAR else "**missed**")
+        lines.append(f"| {label} | {cell(docs, k)} | {cell(sents, k)} | {cos(docs, k)} | {cos(sents, k)} | {bar} |")
+    for k, why in r["skipped"].items():
+        lines.append(f"| {k} | skipped: {why} | | | | |")
     c = r.get("cluster_pool_factor_2")
     if c:
         lines.append("")
         lines.append(f"cluster:pool_factor=2 pooling ({c['docs']} docs): {c['per_doc_ms']:.2f} ms/doc = "
-                     f"{100 * c['fraction_of_encode_fp32']:.1f}% of fp32 encode time, "
-                     f"{100 * c['fraction_of_encode_int8']:.1f}% of int8 encode time (target <= 20%)")
-    lines.append(f"peak RSS: {r['peak_rss_mb']:.0f} MB; torch threads: {r['machine']['torch_threads']}")
+                     f"{100 * c['fraction_of_encode_fp32']:.1f}% of fp32 encode time (target <= 20%)")
+    lines.append(f"peak RSS: {r['peak_rss_mb']:.0f} MB (all paths loaded); torch threads: "
+                 f"{r['machine']['torch_threads']}")
     return "\n".join(lines)
 
 

@@ -54,6 +54,9 @@ class CollectionSpec:
         precision: multi: storage precision of token vectors, ``float32`` | ``float16`` | ``int8``.
         token_factory: multi: FAISS factory of the token-level ANN index used by ``mode="tokens"``.
         companion: multi: name of a single-vector collection (same data dir) for ``two_stage``.
+        encoder_precision: the encoder path the vectors were made with (``fp32``,
+            ``openvino-bf16``, ...); recorded only, never compared (paths within the quality bar
+            make compatible vectors).
     """
 
     kind: str = "single"
@@ -66,6 +69,7 @@ class CollectionSpec:
     precision: str = "float32"
     token_factory: str = "HNSW32"
     companion: str | None = None
+    encoder_precision: str | None = None
 
     def validate(self) -> "CollectionSpec":
         """Raise :class:`InvalidInputError` naming the bad field; return self."""

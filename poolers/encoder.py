@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -19,12 +20,12 @@ from pathlib import Path
 import torch
 
 from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
+from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
 from embedpool.poolers.states import TokenStates
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-PRECISIONS = ("fp32", "bf16", "int8")  # int8: ONNX Runtime fast path, see poolers/fastpath.py
 TRUNCATION_DIRECTIONS = ("right", "left")  # which end of an over-long input is cut (TEI's names)
 
 # v5 sentence-transformers pooling configs carry one boolean per mode; v6 one `pooling_mode`.
@@ -132,6 +133,8 @@ class EncoderStats:
     passes: int = 0  # encode() calls: one per (request, tokenization plan)
     forward_calls: int = 0  # model forward calls (batches)
     tokens: int = 0  # real (non-padding) tokens through the model
+    tokenize_seconds: float = 0.0  # in tokenize()
+    forward_seconds: float = 0.0  # in the model forward, batch assembly included
     per_plan: dict = field(default_factory=dict)
 
 
@@ -140,17 +143,24 @@ class FrozenEncoder:
 
     Args:
         model: Hugging Face id or local folder; ``None`` loads the packaged all-MiniLM-L6-v2.
-        precision: ``fp32`` or ``bf16`` (CPU autocast; fast on AMX).
+        precision: ``auto`` (default: the fastest path within the quality bar on this CPU, see
+            :mod:`poolers.precision`), or a path by name: ``fp32``, ``bf16`` (CPU autocast),
+            ``bf16-weights``, ``openvino-fp32``/``-bf16``/``-int8``/``-int8-weights``;
+            ``int8`` is ``openvino-int8``. The path used is ``self.precision``,
+            why it was chosen ``self.precision_reason``.
         max_batch_tokens: token budget of one forward batch (rows × padded length).
         device: torch device, ``cpu`` by default.
+        calibration: texts for static int8 calibration (e.g. a slice of the corpus); default a
+            few built-in sentences. Only the ``openvino-int8`` path reads them.
     """
 
     def __init__(
         self,
         model: str | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
         max_batch_tokens: int = 2048,
         device: str = "cpu",
+        calibration: Sequence[str] | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -162,7 +172,7 @@ class FrozenEncoder:
         hf_logging.disable_progress_bar()
 
         self.model_id, path = resolve_model(model)
-        self.precision = precision
+        self.requested_precision = precision
         self.max_batch_tokens = int(max_batch_tokens)
         self.device = torch.device(device)
         try:
@@ -195,11 +205,25 @@ class FrozenEncoder:
             self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
             self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
         self.stats = EncoderStats()
-        self._forward_fn = self.model
-        if precision == "int8":
-            from embedpool.poolers.fastpath import load_fastpath
+        self._load_path(precision, calibration)
 
-            self._forward_fn = load_fastpath(self.model, "int8", tokenizer=self.tokenizer)
+    def _load_path(self, precision: str, calibration: Sequence[str] | None) -> None:
+        """Resolve ``precision`` (``auto``: from this CPU's features) and build its forward;
+        under ``auto`` a path that fails to build (e.g. an architecture a converter does not
+        handle) falls back to fp32 with the reason logged."""
+        from embedpool.poolers.precision import load_forward, resolve
+
+        path, reason = resolve(precision) if self.device.type == "cpu" else ("fp32", "not a CPU device")
+        try:
+            self._forward_fn = load_forward(path, self.model, self.tokenizer, self.max_length, calibration)
+        except Exception as exc:
+            if precision != "auto" or path == "fp32":
+                raise
+            log.warning("precision path %s failed to build (%s); using fp32", path, exc)
+            path, reason = "fp32", f"{path} failed to build: {exc}"
+            self._forward_fn = self.model
+        self.precision, self.precision_reason = path, reason
+        log.info("encoder precision %s (asked: %s): %s", path, precision, reason)
 
     # ------------------------------------------------------------------ tokenization
     def prompt_for(self, role: str | None, prompt_name: str | None = None) -> str:
@@ -303,6 +327,14 @@ class FrozenEncoder:
     def tokenize(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
                  truncate: bool = True, *, prompt_name: str | None = None,
                  truncation_direction: str = "right") -> list[_Row]:
+        t0 = time.perf_counter()
+        try:
+            return self._tokenize(texts, plan, role, truncate, prompt_name, truncation_direction)
+        finally:
+            self.stats.tokenize_seconds += time.perf_counter() - t0
+
+    def _tokenize(self, texts: Sequence[str], plan: Plan, role: str | None, truncate: bool,
+                  prompt_name: str | None, truncation_direction: str) -> list[_Row]:
         if truncation_direction not in TRUNCATION_DIRECTIONS:
             raise ValueError(f"truncation_direction must be 'right' or 'left', got {truncation_direction!r}")
         prompt = self.prompt_for(role, prompt_name)
@@ -325,11 +357,11 @@ class FrozenEncoder:
             out[r.text].append(Window(list(r.ids), list(r.special), list(r.landmark), r.span))
         return out
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+    def count_tokens(self, texts: Sequence[str], tokenizer=None) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation)."""
-        enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                             max_length=self.max_length, return_attention_mask=False,
-                             return_token_type_ids=False, verbose=False)
+        enc = (tokenizer or self.tokenizer)(list(texts), add_special_tokens=True, truncation=True,
+                                            max_length=self.max_length, return_attention_mask=False,
+                                            return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def lengths(self, texts: Sequence[str], role: str | None = None, prompt_name: str | None = None) -> list[int]:
@@ -340,8 +372,24 @@ class FrozenEncoder:
                              return_attention_mask=False, return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
+    def token_counter(self):
+        """:meth:`count_tokens` for use from other threads while this encoder runs: its own
+        tokenizer copy (a fast tokenizer's truncation state must not be shared with the thread
+        that encodes) behind a lock."""
+        import copy
+        import threading
+
+        tok, lock = copy.deepcopy(self.tokenizer), threading.Lock()
+
+        def count(texts: Sequence[str]) -> list[int]:
+            with lock:
+                return self.count_tokens(texts, tok)
+
+        return count
+
     # ------------------------------------------------------------------ forward
     def _forward(self, rows: list[_Row], all_layers: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        t0 = time.perf_counter()
         width = max(len(r.ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -362,6 +410,7 @@ class FrozenEncoder:
         layers = torch.stack([h.float() for h in out.hidden_states]) if all_layers else None
         self.stats.forward_calls += 1
         self.stats.tokens += int(mask.sum())
+        self.stats.forward_seconds += time.perf_counter() - t0
         return hidden, mask, layers
 
     def encode(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,

@@ -25,7 +25,7 @@ def data_dir() -> Path:
 def encoder():
     from embedpool.poolers import FrozenEncoder
 
-    return FrozenEncoder()
+    return FrozenEncoder(precision="fp32")  # the exact path: reference tests pin it
 
 
 @pytest.fixture(scope="session")

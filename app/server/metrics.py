@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,6 +31,8 @@ class Metrics:
                                       buckets=(16, 64, 256, 1024, 4096, 16384, 65536, 262144), registry=r)
         self.batch_seconds = Histogram("embedpool_batch_duration_seconds", "time of one batcher round",
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.stage_seconds = Counter("embedpool_round_stage_seconds", "worker time per stage of the batcher "
+                                     "rounds: tokenize, forward, pool, count, deliver", ["stage"], registry=r)
         self.tokens = Counter("embedpool_tokens", "tokens through the encoder", registry=r)
         self.inputs = Counter("embedpool_inputs", "inputs embedded", registry=r)
         self.dropped = Counter("embedpool_dropped_inputs", "inputs dropped because their client went away",
@@ -38,6 +40,12 @@ class Metrics:
         self.rejected = Counter("embedpool_rejected_requests", "requests refused with 429 (queue full)",
                                 registry=r)
         self.model_loaded = Gauge("embedpool_model_loaded", "1 once the model is loaded", registry=r)
+        self.encoder = Info("embedpool_encoder", "encoder path in use (precision), what was asked and the "
+                            "CPU's ISA tier that decided it", registry=r)
+
+    def on_loaded(self, precision: str, requested: str, isa: str) -> None:
+        self.model_loaded.set(1)
+        self.encoder.info({"precision": precision, "requested": requested, "isa": isa})
 
     # batcher observer ---------------------------------------------------------------
     def on_queue(self, inputs: int, requests: int) -> None:
@@ -50,6 +58,10 @@ class Metrics:
         self.batch_seconds.observe(seconds)
         self.tokens.inc(tokens)
         self.inputs.inc(inputs)
+
+    def on_stages(self, seconds: dict[str, float]) -> None:
+        for stage, sec in seconds.items():
+            self.stage_seconds.labels(stage).inc(max(0.0, sec))
 
     def on_dropped(self, inputs: int) -> None:
         self.dropped.inc(inputs)

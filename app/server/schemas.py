@@ -289,6 +289,7 @@ class CollectionInfo(BaseModel):
     precision: str
     token_factory: str
     companion: str | None
+    encoder_precision: str | None = Field(None, description="encoder path the vectors were made with (recorded only)")
     documents: int
     created: str | None = None
     updated: str | None = None
@@ -381,7 +382,10 @@ class Info(BaseModel):
     model: str | None
     dim: int | None
     max_length: int | None
-    precision: str
+    precision: str = Field(description="encoder path in use (auto resolved: fp32, openvino-bf16, ...)")
+    precision_requested: str | None = None
+    precision_reason: str | None = Field(None, description="why this path was chosen on this CPU")
+    cpu: str | None = Field(None, description="CPU features that decided it")
     default_pooler: str
     poolers: list[PoolerInfo]
     collections: list[str]

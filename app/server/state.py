@@ -79,7 +79,10 @@ class Engine:
         self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
                                max_wait_ms=s.max_wait_ms, observer=self.metrics,
                                before_round=thread_policy(s.single_thread_tokens)).start()
-        self.metrics.model_loaded.set(1)
+        from embedpool.poolers.precision import cpu_features
+
+        encoder = self.embedder.encoder
+        self.metrics.on_loaded(getattr(encoder, "precision", s.precision), s.precision, cpu_features().isa)
 
     def stop(self) -> None:
         if self.batcher is not None:
@@ -166,6 +169,10 @@ class Engine:
         :meth:`Batcher.submit_many`); all or none."""
         self.require()
         assert self.batcher is not None
+        # tokens counted here, in a thread: overlaps the worker's forward pass of the current round
+        parts = [(texts, specs, {**options, "counts": await asyncio.to_thread(self.batcher.count_tokens, texts)
+                                 if options.get("truncate", True) else None})
+                 for texts, specs, options in parts]
         jobs = self.batcher.submit_many(parts)
         results = [asyncio.wrap_future(job.future) for job in jobs]
         gathered = asyncio.ensure_future(asyncio.gather(*results))

@@ -90,7 +90,8 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=dimensions or engine.embedder.dim,
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
-        token_factory=body.token_factory, companion=body.companion)
+        token_factory=body.token_factory, companion=body.companion,
+        encoder_precision=getattr(engine.embedder.encoder, "precision", None))
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
     return _info(coll.name, coll.manifest)

@@ -47,7 +47,10 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
         model=emb.model_id if emb else s.model,
         dim=emb.dim if emb else None,
         max_length=emb.encoder.max_length if emb else None,
-        precision=s.precision,
+        precision=emb.encoder.precision if emb else s.precision,
+        precision_requested=s.precision,
+        precision_reason=getattr(emb.encoder, "precision_reason", None) if emb else None,
+        cpu=_cpu(),
         default_pooler=engine.default_pooler,
         poolers=poolers,
         collections=collections.names(),
@@ -55,6 +58,12 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
                 "max_payload_bytes": s.max_payload_bytes, "max_queue": s.max_queue,
                 "max_batch_tokens": s.max_batch_tokens},
     )
+
+
+def _cpu() -> str:
+    from embedpool.poolers.precision import cpu_features
+
+    return cpu_features().summary()
 
 
 def _version() -> str:

@@ -1,0 +1,174 @@
+"""Encoder precisions ("paths"), the CPU features they depend on, and ``auto``: the fastest path
+that meets the quality bar on the CPU the encoder runs on.
+
+The quality bar (measured by ``bench/encode.py`` and ``bench/eval.py --precision``): min cosine to
+fp32 ≥ 0.995 on the encode benchmark's texts and SciFact test nDCG@10 within 0.3 points of fp32.
+:func:`choose` is pure (CPU features in, path and reason out), so tests pin every decision by
+injecting flags; :func:`cpu_features` reads the real ones (``/proc/cpuinfo`` flags and
+``torch.backends.cpu.get_cpu_capability()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+# name -> (library, what it is). Every name is selectable; ``auto`` picks one of them.
+PATHS: dict[str, tuple[str, str]] = {
+    "fp32": ("torch", "transformers forward in float32 (SDPA attention)"),
+    "bf16": ("torch", "bf16 CPU autocast (matmuls in bf16, LayerNorm/softmax in fp32)"),
+    "bf16-weights": ("torch", "a bf16 copy of the model (everything in bf16)"),
+    "openvino-fp32": ("openvino", "OpenVINO CPU plugin, f32 inference precision"),
+    "openvino-bf16": ("openvino", "OpenVINO CPU plugin, bf16 inference precision (AMX / AVX-512-BF16)"),
+    "openvino-int8": ("openvino", "NNCF post-training static int8 (transformer preset, SmoothQuant; FFN down "
+                      "projections in float) on OpenVINO"),
+    "openvino-int8-weights": ("openvino", "NNCF int8 weights, activations quantized per group of 32 at run time"),
+}
+# Measured by bench/encode.py but winning nowhere (ONNX Runtime's own quantizers: min cosine to
+# fp32 0.95 dynamic, 0.88 static QDQ on the test texts): loadable for the benchmark, not a setting.
+MEASURED_ONLY = {
+    "onnx-int8": ("onnxruntime", "ONNX Runtime quantize_dynamic: per-channel int8 weights, dynamic activations"),
+    "onnx-qdq": ("onnxruntime", "ONNX Runtime quantize_static: QDQ int8, calibrated"),
+}
+PRECISIONS = ("auto", *PATHS, "int8")
+ALIASES = {"int8": "openvino-int8"}  # the library int8 path replaced the hand-written graph
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """What decides the path: the CPU's flags and torch's kernel capability."""
+
+    flags: frozenset[str]
+    capability: str = "unknown"  # torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, DEFAULT, ...
+
+    @classmethod
+    def of(cls, flags: Iterable[str], capability: str = "unknown") -> "CpuFeatures":
+        return cls(frozenset(flags), capability)
+
+    @property
+    def isa(self) -> str:
+        """The tier that matters for these paths, best first."""
+        f = self.flags
+        if {"amx_bf16", "amx_int8", "amx_tile"} & f and "avx512f" in f:
+            return "amx"
+        if "avx512_bf16" in f:
+            return "avx512_bf16"
+        if "avx512_vnni" in f:
+            return "avx512_vnni"
+        if "avx512f" in f:
+            return "avx512"
+        if "avx_vnni" in f and "avx2" in f:
+            return "avx_vnni"
+        if "avx2" in f or self.capability.upper().startswith("AVX2"):
+            return "avx2"
+        return "unknown"
+
+    def summary(self) -> str:
+        keep = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                "amx_tile", "amx_bf16", "amx_int8")
+        found = [k for k in keep if k in self.flags]
+        return f"isa={self.isa} torch={self.capability} flags={','.join(found) or 'none'}"
+
+
+def read_cpu_flags(path: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        for line in Path(path).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@lru_cache(maxsize=1)
+def cpu_features() -> CpuFeatures:
+    import torch
+
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # pragma: no cover - very old torch
+        capability = "unknown"
+    return CpuFeatures(read_cpu_flags(), capability)
+
+
+def library_available(library: str) -> bool:
+    from importlib.util import find_spec
+
+    if library == "openvino":
+        return find_spec("openvino") is not None and find_spec("nncf") is not None
+    return find_spec(library) is not None
+
+
+# The decision, per ISA tier: candidates fastest first, each with the measurement behind it
+# (bench/encode.py; README "Encoding"). The first whose library is installed wins.
+_DECISIONS: dict[str, list[tuple[str, str]]] = {
+    "amx": [("openvino-bf16", "AMX bf16 tiles: OpenVINO bf16 is the fastest path within the bar (static int8 "
+             "misses it, int8 weights are slower than bf16)"),
+            ("bf16-weights", "AMX bf16 tiles, no OpenVINO: torch with bf16 weights")],
+    "avx512_bf16": [("openvino-bf16", "AVX-512-BF16: OpenVINO bf16 is the fastest path within the bar"),
+                    ("bf16-weights", "AVX-512-BF16, no OpenVINO: torch with bf16 weights")],
+    "avx512_vnni": [("openvino-fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar and "
+                     "int8 weights with dynamic activations are not faster than f32; OpenVINO's fused f32 kernels"),
+                    ("fp32", "AVX-512 VNNI without bf16, no OpenVINO: fp32")],
+    "avx512": [("openvino-fp32", "AVX-512 without VNNI/BF16: OpenVINO's fused f32 kernels"),
+               ("fp32", "AVX-512 without VNNI/BF16, no OpenVINO: fp32")],
+    "avx_vnni": [("openvino-fp32", "AVX-VNNI (256-bit) without bf16: static int8 misses the quality bar; "
+                  "OpenVINO's fused f32 kernels"),
+                 ("fp32", "AVX-VNNI without bf16, no OpenVINO: fp32")],
+    "avx2": [("openvino-fp32", "AVX2 only: no bf16 hardware (emulated bf16 is slow) and static int8 misses "
+              "the quality bar; OpenVINO's fused f32 kernels"),
+             ("fp32", "AVX2 only, no OpenVINO: fp32 (bf16 is emulated, int8 loses accuracy)")],
+    "unknown": [("fp32", "unknown CPU features: fp32, the path that is exact everywhere")],
+}
+
+
+def choose(features: CpuFeatures, available: Iterable[str] | None = None) -> tuple[str, str]:
+    """``(path, reason)`` for ``precision=auto`` on a CPU with ``features``.
+
+    Args:
+        features: the CPU's flags and torch capability (inject them in tests).
+        available: libraries installed (``torch``, ``openvino``, ``onnxruntime``); default: all.
+    """
+    libs = set(available) if available is not None else {"torch", "openvino", "onnxruntime"}
+    libs.add("torch")
+    for path, why in _DECISIONS[features.isa]:
+        if PATHS[path][0] in libs:
+            return path, f"{why} [{features.summary()}]"
+    return "fp32", f"fallback [{features.summary()}]"  # pragma: no cover - torch is always there
+
+
+def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, str]:
+    """The concrete path for a requested precision, with the reason it was chosen."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "auto":
+        feats = features or cpu_features()
+        libs = [lib for lib in ("openvino", "onnxruntime") if library_available(lib)]
+        return choose(feats, libs)
+    if precision in ALIASES:
+        return ALIASES[precision], f"{precision} is {ALIASES[precision]}"
+    return precision, "asked for by name"
+
+
+def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration=None, cache_dir=None):
+    """The forward callable of ``path`` for a loaded transformers ``model`` (see
+    :mod:`poolers.runtimes`); ``fp32`` and ``bf16`` (autocast, applied by the encoder) are the
+    model itself."""
+    from embedpool.poolers import runtimes
+
+    if path not in PATHS and path not in MEASURED_ONLY:
+        raise ValueError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}")
+    if path in ("fp32", "bf16"):
+        return model
+    if path == "bf16-weights":
+        return runtimes.bf16_weights(model)
+    isa = cpu_features().isa
+    library, mode = path.split("-", 1)
+    if library == "openvino":
+        return runtimes.load_openvino(model, tokenizer, mode, isa, calibration, max_length, cache_dir=cache_dir)
+    return runtimes.load_onnx(model, tokenizer, "qint8" if mode == "int8" else mode, isa, calibration,
+                              max_length, cache_dir=cache_dir)

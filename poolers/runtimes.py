@@ -1,0 +1,379 @@
+"""Encoder forward paths from libraries: torch (fp32, bf16 autocast, bf16 weights), OpenVINO
+(fp32, bf16, NNCF post-training int8) and ONNX Runtime (its own dynamic int8 and static QDQ int8).
+
+Every path is a callable with the transformers forward's keywords (``input_ids``,
+``attention_mask``, ``token_type_ids``; torch ``[B, T]`` tensors) that returns an object with
+``last_hidden_state`` (``[B, T, D]``, float32 torch tensor), so :class:`FrozenEncoder` runs them
+all the same way. Graphs are converted from the already loaded transformers model (nothing is
+downloaded) and cached on disk under ``$EMBEDPOOL_CACHE_DIR`` (default ``~/.cache/embedpool``),
+keyed by the model's weights, the path, the library's version and the CPU's instruction set
+(:func:`artifact_dir`). Static quantization calibrates on texts the caller passes (e.g. a slice
+of the user's corpus) or on the built-in :data:`CALIBRATION_TEXTS`.
+
+Why these and not one hand-written graph: OpenVINO's CPU plugin runs int8 GEMMs on AMX/VNNI and
+bf16 on AMX/AVX-512-BF16 with fused attention, and NNCF quantizes with SmoothQuant and
+transformer-aware ignored patterns; ONNX Runtime's quantizer is the reference for plain int8.
+``bench/encode.py`` measures each against fp32 and sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+# A handful of varied built-in texts: the default calibration set for static quantization (no
+# data set is read or downloaded). A caller with its own corpus passes a slice of it instead.
+CALIBRATION_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on the stage while the crowd sings along.",
+    "Two dogs are running through a field of tall grass.",
+    "What is the capital of France?",
+    "how do i reset my password if i no longer have access to my email",
+    "Stock markets fell sharply on Tuesday after the central bank raised interest rates by half a point.",
+    "The patient presented with acute chest pain, elevated troponin levels and ST-segment elevation.",
+    "Mitochondrial DNA mutations accumulate with age and are associated with decreased respiratory "
+    "chain function in skeletal muscle fibres of elderly subjects.",
+    "We report a randomized, double-blind, placebo-controlled trial of 1,204 adults with type 2 "
+    "diabetes; the primary endpoint (HbA1c at 24 weeks) improved by 0.8% (95% CI 0.6-1.0, p<0.001).",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Les enfants jouent dans le parc pendant que leurs parents discutent.",
+    "Der Zug nach Berlin hat heute zwanzig Minuten Verspätung.",
+    "東京は日本の首都です。",
+    "Ünïcödé, émojis 🙂 and symbols: ±√∞ ≤ ≥ → ©",
+    "",
+    "ok",
+    "In 1905 Einstein published four papers that changed physics: on the photoelectric effect, "
+    "Brownian motion, special relativity and the equivalence of mass and energy. Each of them "
+    "would have been enough to make his reputation, and together they laid the foundations of "
+    "quantum theory and of modern cosmology. The photoelectric paper, which proposed that light "
+    "comes in discrete quanta, earned him the Nobel Prize in 1921, while special relativity "
+    "replaced Newton's absolute space and time with a single space-time whose geometry depends "
+    "on the observer's motion. Historians still debate how a patent clerk in Bern, working "
+    "largely alone, produced such a body of work in a single year, and the correspondence that "
+    "survives suggests long walks and conversations with a few close friends.",
+    "Gene expression profiling of breast tumours identified five subtypes with distinct clinical "
+    "outcomes, and the basal-like subtype was associated with BRCA1 mutations and poor survival.",
+    "Vitamin D supplementation did not reduce the incidence of invasive cancer or cardiovascular "
+    "events in a randomized trial of 25,871 adults followed for a median of 5.3 years.",
+    "A woman is slicing an onion.",
+    "The cat sat on the mat and looked out of the window at the rain.",
+    "Amyloid-beta plaques and tau tangles are the pathological hallmarks of Alzheimer's disease; "
+    "their relation to cognitive decline remains debated.",
+    "Please send the invoice to the accounting department by Friday.",
+)
+
+
+@dataclass
+class Output:
+    last_hidden_state: torch.Tensor
+
+
+Forward = Callable[..., Output]
+
+
+# ---------------------------------------------------------------------------- cache
+def cache_root() -> Path:
+    env = os.environ.get("EMBEDPOOL_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "embedpool"
+
+
+def weights_hash(model) -> str:
+    """Hash of the model's config and weights (the part of the cache key that is the model)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def artifact_dir(model, path: str, library_version: str, isa: str, extra: str = "",
+                 cache_dir: str | Path | None = None) -> Path:
+    """Cache folder of one built graph: model weights × path × library version × ISA (× an
+    optional ``extra`` such as the calibration set's hash)."""
+    key = hashlib.sha256(f"{weights_hash(model)}|{path}|{library_version}|{isa}|{extra}".encode()).hexdigest()[:20]
+    base = Path(cache_dir).expanduser() if cache_dir else cache_root()
+    return base / "runtimes" / f"{path}-{key}"
+
+
+def _build_once(folder: Path, filename: str, build: Callable[[Path], None]) -> Path:
+    """``folder/filename`` built by ``build(tmp_folder)`` unless cached; atomic (concurrent
+    builders each write a whole folder, the first rename wins)."""
+    target = folder / filename
+    if target.exists():
+        return target
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", suffix=".tmp", dir=folder.parent))
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process built it meanwhile
+            if not target.exists():
+                raise
+        log.info("built %s", target)
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def calibration_hash(texts: Sequence[str]) -> str:
+    return hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------- torch
+def _has_token_types(tokenizer) -> bool:
+    return "token_type_ids" in tokenizer.model_input_names
+
+
+class TorchForward:
+    """The transformers model itself, optionally under bf16 autocast."""
+
+    def __init__(self, model, autocast_bf16: bool = False) -> None:
+        self.model = model
+        self.autocast_bf16 = autocast_bf16
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else torch.autocast("cpu", enabled=False)
+        with torch.inference_mode(), ctx:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return Output(out.last_hidden_state.float())
+
+
+def bf16_weights(model) -> TorchForward:
+    """A copy of the model with bf16 weights (half the bytes streamed per forward; LayerNorm
+    and softmax run in bf16 too, unlike autocast)."""
+    twin = copy.deepcopy(model).to(torch.bfloat16).eval()
+    return TorchForward(twin)
+
+
+# ---------------------------------------------------------------------------- export helpers
+class _LastHidden(torch.nn.Module):
+    def __init__(self, model, token_types: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.token_types = token_types
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        kw = {"token_type_ids": token_type_ids} if self.token_types else {}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+
+
+def _example(tokenizer, token_types: bool) -> dict[str, torch.Tensor]:
+    enc = tokenizer(["an example input", "a second, somewhat longer example input"], padding=True,
+                    return_tensors="pt")
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
+    return {n: enc[n] for n in names}
+
+
+def _calibration_batches(tokenizer, texts: Sequence[str], token_types: bool, max_length: int,
+                         batch: int = 1) -> list[dict[str, np.ndarray]]:
+    """One feed per text (unpadded, like the fast path sees sorted batches)."""
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
+    out = []
+    texts = list(texts) or list(CALIBRATION_TEXTS)
+    for i in range(0, len(texts), batch):
+        enc = tokenizer(texts[i:i + batch], padding=True, truncation=True, max_length=max_length,
+                        return_tensors="np")
+        out.append({n: enc[n].astype(np.int64) for n in names})
+    return out
+
+
+# ---------------------------------------------------------------------------- OpenVINO
+OPENVINO_MODES = ("fp32", "bf16", "int8", "int8-weights")
+# int8: NNCF static quantization, except the FFN down projections (GELU outputs, long-tailed):
+# quantized, they cost most of the accuracy (SciFact/STS-B texts: min cosine 0.976 with them,
+# 0.990 without), so they stay in float. int8-weights: int8 weights only; the CPU plugin
+# quantizes activations per group of 32 at run time (dynamic, no calibration).
+
+
+def openvino_version() -> str:
+    import openvino as ov
+
+    return ov.get_version()
+
+
+def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
+    import openvino as ov
+
+    tt = _has_token_types(tokenizer)
+    wrapped = _LastHidden(model, tt).eval()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
+    with torch.inference_mode():
+        ov_model = ov.convert_model(wrapped, example_input=_example(tokenizer, tt),
+                                    input=[(n, ov.PartialShape([-1, -1]), ov.Type.i64) for n in names])
+    for inp, n in zip(ov_model.inputs, names):
+        inp.get_tensor().set_names({n})
+    if mode == "int8":
+        import nncf
+
+        feeds = _calibration_batches(tokenizer, calibration, tt, max_length)
+        ffn_out = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() == "MatMul"
+                   and ".output.dense" in op.get_friendly_name() and "attention" not in op.get_friendly_name()]
+        ov_model = nncf.quantize(ov_model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                                 subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=ffn_out))
+    elif mode == "int8-weights":
+        import nncf
+
+        # int8 weights; the CPU plugin quantizes activations per group of 32 at run time
+        ov_model = nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT8_SYM)
+    ov.save_model(ov_model, str(folder / "model.xml"), compress_to_fp16=False)
+
+
+class OpenVINOForward:
+    """An OpenVINO CPU compiled model (latency hint, the given threads)."""
+
+    def __init__(self, xml: Path, mode: str, threads: int | None = None, bf16: bool | None = None) -> None:
+        import openvino as ov
+
+        self.path = xml
+        core = ov.Core()
+        if bf16 is None:  # the float parts of the int8 graphs run in bf16 where the CPU has it
+            bf16 = mode == "bf16" or (mode != "fp32" and "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        config = {
+            "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+            **({"DYNAMIC_QUANTIZATION_GROUP_SIZE": 32} if mode == "int8-weights" else {}),
+            "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
+            "CACHE_DIR": str(xml.parent / "compiled"),
+        }
+        self.compiled = core.compile_model(str(xml), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.names = [i.get_any_name() for i in self.compiled.inputs]
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
+        out = self.request.infer(feed, share_inputs=True)
+        return Output(torch.from_numpy(np.array(out[self.compiled.output(0)], dtype=np.float32, copy=True)))
+
+
+def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
+                  max_length: int = 256, threads: int | None = None,
+                  cache_dir: str | Path | None = None) -> OpenVINOForward:
+    """OpenVINO path ``mode`` (fp32/bf16 share one converted graph; int8 is NNCF post-training
+    quantization calibrated on ``calibration`` or :data:`CALIBRATION_TEXTS`)."""
+    if mode not in OPENVINO_MODES:
+        raise ValueError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}")
+    texts = list(calibration or CALIBRATION_TEXTS)
+    extra, graph = "", "openvino"  # fp32 and bf16 share the float graph
+    if mode.startswith("int8"):
+        import nncf
+
+        graph = f"openvino-{mode}"
+        extra = f"nncf{nncf.__version__}" + (f"|{calibration_hash(texts)}" if mode == "int8" else "")
+    folder = artifact_dir(model, graph, openvino_version(), isa, extra, cache_dir)
+    xml = _build_once(folder, "model.xml", lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length))
+    return OpenVINOForward(xml, mode, threads)
+
+
+# ---------------------------------------------------------------------------- ONNX Runtime
+ONNX_MODES = ("fp32", "qint8", "qdq")
+
+
+def _export_onnx(model, tokenizer, path: Path) -> None:
+    tt = _has_token_types(tokenizer)
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
+    ex = _example(tokenizer, tt)
+    axes = {n: {0: "batch", 1: "seq"} for n in names}
+    axes["last_hidden_state"] = {0: "batch", 1: "seq"}
+    with torch.inference_mode():
+        torch.onnx.export(_LastHidden(model, tt).eval(), tuple(ex[n] for n in names), str(path),
+                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+
+
+class _Reader:
+    """``onnxruntime.quantization.CalibrationDataReader`` over prepared feeds."""
+
+    def __init__(self, feeds):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # pragma: no cover - not used by MinMax
+        pass
+
+
+def _onnx_build(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
+    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_dynamic, quantize_static
+
+    raw = folder / "fp32.onnx"
+    _export_onnx(model, tokenizer, raw)
+    if mode == "fp32":
+        os.replace(raw, folder / "model.onnx")
+        return
+    pre = folder / "pre.onnx"
+    quant_pre_process(str(raw), str(pre), skip_symbolic_shape=True)
+    if mode == "qint8":
+        quantize_dynamic(str(pre), str(folder / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+    else:
+        tt = _has_token_types(tokenizer)
+        feeds = _calibration_batches(tokenizer, calibration, tt, max_length)
+        quantize_static(str(pre), str(folder / "model.onnx"), _Reader(feeds), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+                        op_types_to_quantize=["MatMul"],
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+    for p in (raw, pre):
+        p.unlink(missing_ok=True)
+    for p in folder.glob("*.data"):
+        p.unlink()
+
+
+class OnnxForward:
+    """An ONNX Runtime CPU session (threads sleep between runs: see the batcher's notes)."""
+
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = int(threads or torch.get_num_threads())
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.path = path
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
+        return Output(torch.from_numpy(self.session.run(None, feed)[0]))
+
+
+def load_onnx(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
+              max_length: int = 256, threads: int | None = None,
+              cache_dir: str | Path | None = None) -> OnnxForward:
+    """ONNX Runtime path: ``fp32`` (exported graph), ``qint8`` (``quantize_dynamic``, per-channel
+    int8 weights) or ``qdq`` (``quantize_static``, QDQ, calibrated)."""
+    import onnxruntime as ort
+
+    if mode not in ONNX_MODES:
+        raise ValueError(f"ONNX Runtime mode must be one of {', '.join(ONNX_MODES)}, got {mode!r}")
+    texts = list(calibration or CALIBRATION_TEXTS)
+    extra = calibration_hash(texts) if mode == "qdq" else ""
+    folder = artifact_dir(model, f"onnx-{mode}", ort.__version__, isa, extra, cache_dir)
+    path = _build_once(folder, "model.onnx", lambda tmp: _onnx_build(model, tokenizer, tmp, mode, texts, max_length))
+    return OnnxForward(path, threads)
+
+
+def _as_int64(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.cpu().numpy()
+    return np.ascontiguousarray(x, dtype=np.int64)
