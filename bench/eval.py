@@ -7,10 +7,14 @@
   stsb     STS-B test: Spearman of cosine (normalized MaxSim for multi-vector poolers).
   long     synthetic long documents from SciFact: 100 sampled test queries, K = 0, 4, 16; the
            multi-vector poolers also with window=true (every window's tokens, no truncation).
+  precision  SciFact test nDCG@10 of `mean` per encoder path (--paths; default: every path this
+           CPU runs natively), one corpus pass each, and the difference to fp32 against the
+           quality bar (within 0.3 points). Not part of the default run.
 
     .venv/bin/python bench/eval.py                    # all three, in this order (hours on 2 cores)
     .venv/bin/python bench/eval.py scifact            # one suite
     .venv/bin/python bench/eval.py --quick scifact    # a 100-document slice, minutes
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/eval.py precision --paths fp32 openvino-bf16
 
 Writes ``bench/results/eval_<suite>.json`` (+ ``.md``, ``.png``) and prints the tables. Each
 suite keeps its collections under ``--work DIR/<suite>`` so an interrupted run resumes its
@@ -51,7 +55,10 @@ def main() -> int:
     ap.add_argument("suites", nargs="*", metavar="SUITE", help=f"any of {', '.join(SUITES)} (default all)")
     ap.add_argument("--quick", action="store_true", help="small slices (smoke test of the runs)")
     ap.add_argument("--work", default="/tmp/embedpool-bench-eval", help="kept collections (resumable)")
+    ap.add_argument("--paths", nargs="+", help="precision suite: encoder paths (default: all this CPU runs)")
     args = ap.parse_args()
+    if args.suites == ["precision"]:
+        return precision_suite(args)
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
         ap.error(f"unknown suite(s) {', '.join(bad)}; choose from {', '.join(SUITES)}")
@@ -72,6 +79,45 @@ def main() -> int:
         print(f"[{suite}] exit {rc} after {time.time() - t:.0f}s", flush=True)
         if rc:
             return rc
+    return 0
+
+
+def precision_suite(args) -> int:
+    """SciFact nDCG@10 of ``mean`` per encoder path; table vs fp32 and the 0.3-point bar."""
+    import json
+
+    from embedpool.poolers.precision import PATHS, cpu_features
+
+    isa = cpu_features().isa
+    paths = args.paths or [p for p in PATHS if "bf16" not in p or isa in ("amx", "avx512_bf16")]
+    paths = ["fp32", *[p for p in paths if p != "fp32"]]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    rows = {}
+    for path in paths:
+        out = RESULTS / f"eval_precision_{path}.json"
+        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", "--data", str(DATA / "scifact"), "--split",
+               "test", "--pooler", "mean", "--precision", path, "--out", str(out), "--no-progress",
+               "--latency-queries", "1"]
+        if args.quick:
+            cmd += ["--max-docs", "100"]
+        print("$", " ".join(cmd), f"  (load average {os.getloadavg()[0]:.1f})", flush=True)
+        t = time.time()
+        if subprocess.call(cmd, cwd=ROOT, env=env):
+            return 1
+        rep = json.loads(out.read_text())
+        row = next(r for r in rep["results"] if r["pooler"] == "mean")
+        rows[path] = {"ndcg@10": row["ndcg@10"], "encode_s": row.get("encode_s"),
+                      "seconds": time.time() - t, "encoder_precision": rep.get("encoder_precision")}
+    base = rows["fp32"]["ndcg@10"]
+    lines = [f"ISA: {cpu_features().summary()}", "",
+             "| path | SciFact nDCG@10 (mean) | vs fp32 (points) | bar (within 0.3) |", "|---|---:|---:|---|"]
+    for path, r in rows.items():
+        d = 100 * (r["ndcg@10"] - base)
+        r["delta_points"] = d
+        lines.append(f"| {path} | {r['ndcg@10']:.4f} | {d:+.2f} | {'met' if abs(d) <= 0.3 else '**missed**'} |")
+    name = "eval_precision" + ("_quick" if args.quick else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps({"isa": isa, "rows": rows}, indent=2))
+    print("\n".join(lines))
     return 0
 
 
