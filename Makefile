@@ -9,7 +9,16 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test bench clean
+.PHONY: setup browser serve embed test bench clean infinity
+
+# Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
+INFINITY := bench/.infinity-venv
+$(INFINITY)/bin/infinity_emb:
+	test -x $(INFINITY)/bin/python || $(PY) -m venv $(INFINITY)
+	$(INFINITY)/bin/pip install --quiet $(TORCH)
+	$(INFINITY)/bin/pip install --quiet 'infinity-emb[server,torch]==0.0.78'
+
+infinity: $(INFINITY)/bin/infinity_emb
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -16,7 +16,7 @@ against embedpool alone (non-429 failures, /health latency throughout, RSS befor
     .venv/bin/python bench/serve.py --precision fp32 bf16  # also the bf16 path
     .venv/bin/python bench/serve.py --quick                # small sizes, ~3 min
 
-Infinity runs from its own venv (``--infinity-venv``, default /work/infinity-venv with
+Infinity runs from its own venv (``--infinity-venv``, default bench/.infinity-venv, made by ``make infinity``, with
 ``infinity-emb[server,torch]`` and the CPU torch build) on the same local model folder with
 ``--engine torch --device cpu``; without that venv its columns stay empty.
 
@@ -233,12 +233,34 @@ def start_embedpool(precision: str, logdir: Path, max_batch_tokens: int | None =
                 env, port, "/health", logdir / f"embedpool-{precision}.log")
 
 
-def start_infinity(venv: Path, model_path: str, logdir: Path) -> Proc:
+def start_infinity(venv: Path, model_path: str, logdir: Path, dtype: str = "float32") -> Proc:
     port = free_port()
     cmd = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", model_path, "--served-model-name",
-           "all-MiniLM-L6-v2", "--engine", "torch", "--device", "cpu", "--dtype", "float32",
+           "all-MiniLM-L6-v2", "--engine", "torch", "--device", "cpu", "--dtype", dtype,
            "--no-bettertransformer", "--url-prefix", "/v1", "--port", str(port), "--log-level", "warning"]
-    return Proc("infinity", cmd, {}, port, "/health", logdir / "infinity.log")
+    return Proc(f"infinity-{dtype}", cmd, {}, port, "/health", logdir / f"infinity-{dtype}.log")
+
+
+def infinity_dtype(path: str) -> str:
+    """Infinity's dtype comparable to an embedpool path (bf16 paths vs Infinity bfloat16)."""
+    return "bfloat16" if "bf16" in path else "float32"
+
+
+async def stage_seconds(port: int) -> dict[str, float]:
+    """embedpool's worker time per round stage so far (``/metrics``)."""
+    status, body = await _get(port, "/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("embedpool_round_stage_seconds_total{"):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def server_precision(port: int) -> dict:
+    status, body = await _get(port, "/info")
+    info = json.loads(body)
+    return {k: info.get(k) for k in ("precision", "precision_requested", "precision_reason", "cpu")}
 
 
 def infinity_version(venv: Path) -> str | None:
@@ -350,24 +372,27 @@ async def load_run(port: int, texts: list[str], clients: int, seconds: float) ->
 
 # ---------------------------------------------------------------------- main
 def table(results: dict) -> str:
-    rows = ["| precision | set | conc. | embedpool req/s | p50 ms | p99 ms | Infinity req/s | p50 ms | p99 ms "
-            "| in-process pipeline texts/s | 1 text per call | ST texts/s | embedpool / in-process | Infinity / in-process "
-            "| embedpool / Infinity |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| precision | set | conc. | embedpool req/s (p50/p99 ms) | Infinity req/s (p50/p99 ms) "
+            "| in-process texts/s | 1 text/call | embedpool / in-process | embedpool / Infinity | worker time: "
+            "tokenize / forward / pool / count / deliver / idle |",
+            "|---|---|---:|---|---|---:|---:|---:|---:|---|"]
     for prec, per in results["runs"].items():
+        label = prec if prec != "auto" else f"auto ({per.get('server', {}).get('precision')})"
         for cell in per["cells"]:
             ep, inf = cell["embedpool"], cell.get("infinity") or {}
             ip = per["inprocess"][cell["set"]]
-            f = lambda d, k: "" if not d or d.get(k) is None else f"{d[k]:g}"  # noqa: E731
             r_ep = ep["throughput"] / ip["pipeline"]
-            r_inf = inf["throughput"] / ip["pipeline"] if inf else None
             r_vs = ep["throughput"] / inf["throughput"] if inf else None
+            st = ep.get("stages") or {}
+            busy = ep["seconds"] or 1.0
+            shares = " / ".join(f"{100 * st.get(k, 0) / busy:.0f}%" for k in ("tokenize", "forward", "pool", "count",
+                                                                               "deliver"))
+            idle = max(0.0, 100 * (1 - sum(st.values()) / busy)) if st else None
+            inf_s = f"{inf['throughput']:g} ({inf['p50_ms']:g}/{inf['p99_ms']:g})" if inf else ""
             rows.append(
-                f"| {prec} | {cell['set']} | {cell['concurrency']} | {f(ep, 'throughput')} | {f(ep, 'p50_ms')} "
-                f"| {f(ep, 'p99_ms')} | {f(inf, 'throughput')} | {f(inf, 'p50_ms')} | {f(inf, 'p99_ms')} "
-                f"| {ip['pipeline']:g} | {ip.get('pipeline_1', '')} | {ip.get('sentence_transformers', '')} | {r_ep:.2f}x "
-                f"| {'' if r_inf is None else f'{r_inf:.2f}x'} "
-                f"| {'' if r_vs is None else f'{r_vs:.2f}x'} |")
+                f"| {label} | {cell['set']} | {cell['concurrency']} | {ep['throughput']:g} ({ep['p50_ms']:g}/"
+                f"{ep['p99_ms']:g}) | {inf_s} | {ip['pipeline']:g} | {ip.get('pipeline_1', '')} | {r_ep:.2f}x "
+                f"| {'' if r_vs is None else f'{r_vs:.2f}x'} | {shares + f' / {idle:.0f}%' if st else ''} |")
     load = results.get("load")
     if load:
         rows += ["", f"Load run ({load['clients']} clients, {load['seconds']} s, {load['precision']}): "
@@ -394,7 +419,9 @@ def best_each(a: dict | None, b: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--precision", nargs="+", default=["fp32"], help="encoder precisions to bench (EMBEDPOOL_PRECISION values)")
+    ap.add_argument("--precision", nargs="+", default=["fp32", "auto"],
+                    help="encoder precisions to bench (EMBEDPOOL_PRECISION values); Infinity runs in the "
+                    "matching dtype (bfloat16 for bf16 paths, else float32)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--sts", type=int, default=300, help="STS-B test sentences (requests per cell)")
     ap.add_argument("--scifact", type=int, default=100, help="SciFact documents (requests per cell)")
@@ -403,7 +430,8 @@ def main() -> int:
     ap.add_argument("--single", type=int, default=40,
                     help="texts embedded one per call in-process (the concurrency-1 ceiling); 0 = skip")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per cell; the best counts")
-    ap.add_argument("--infinity-venv", type=Path, default=Path("/work/infinity-venv"))
+    ap.add_argument("--infinity-venv", type=Path, default=ROOT / "bench" / ".infinity-venv",
+                    help="Infinity venv (make infinity creates it)")
     ap.add_argument("--no-infinity", action="store_true")
     ap.add_argument("--load-seconds", type=float, default=60)
     ap.add_argument("--load-clients", type=int, default=64)
@@ -421,7 +449,7 @@ def main() -> int:
     inf_ok = not args.no_infinity and (args.infinity_venv / "bin" / "infinity_emb").exists()
     results: dict = {
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_start": os.getloadavg()},
+                    "isa": _isa(), "load_avg_start": os.getloadavg()},
         "setup": {"one_text_per_request": True, "route": "/v1/embeddings",
                   "sets": {k: len(v) for k, v in sets.items()}, "concurrency": args.concurrency,
                   "reps": args.reps, "max_batch_tokens": args.max_batch_tokens or _default_budget(),
@@ -434,12 +462,22 @@ def main() -> int:
     # Servers first (they load in parallel), then the in-process engines.
     servers: dict[str, Proc] = {f"embedpool-{p}": start_embedpool(p, logdir, args.max_batch_tokens)
                                 for p in args.precision}
-    if inf_ok:
-        servers["infinity"] = start_infinity(args.infinity_venv, default_model_path(), logdir)
-    models = {name: ("all-MiniLM-L6-v2" if name == "infinity" else "x") for name in servers}
+    paths: dict[str, str] = {}  # embedpool precision -> resolved path (auto)
     try:
+        for p in args.precision:
+            srv = servers[f"embedpool-{p}"]
+            results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
+            info = asyncio.run(server_precision(srv.port))
+            results["runs"][p] = {"server": info}
+            paths[p] = info["precision"] or p
+            print(f"  {srv.name}: path {paths[p]} ({info.get('precision_reason')})", flush=True)
+        if inf_ok:
+            for dtype in dict.fromkeys(infinity_dtype(paths[p]) for p in args.precision):
+                srv = servers[f"infinity-{dtype}"] = start_infinity(args.infinity_venv, default_model_path(),
+                                                                     logdir, dtype)
+                results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
+        models = {name: ("all-MiniLM-L6-v2" if name.startswith("infinity") else "x") for name in servers}
         for name, srv in servers.items():
-            results["setup"][f"{name}_load_seconds"] = round(srv.wait(), 1)
             asyncio.run(check_embedding("127.0.0.1", srv.port, "/v1/embeddings", models[name]))
         engines = {p: InProcess(p, args.max_batch_tokens) for p in args.precision}
         cells: dict[tuple, dict] = {}
@@ -456,20 +494,26 @@ def main() -> int:
                 for c in args.concurrency:
                     for name in order:
                         srv = servers[name]
+                        ours = name.startswith("embedpool")
+                        before = asyncio.run(stage_seconds(srv.port)) if ours else {}
                         r = asyncio.run(run_cell("127.0.0.1", srv.port, "/v1/embeddings", texts, c, models[name]))
+                        if ours:
+                            after = asyncio.run(stage_seconds(srv.port))
+                            r["stages"] = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
                         cells[(name, set_name, c)] = best(cells.get((name, set_name, c)), r)
                         print(f"  {name} {set_name} c={c} rep {rep}: {r}", flush=True)
                     order = order[1:] + order[:1]
         for p in args.precision:
-            results["runs"][p] = {
+            results["runs"][p].update({
+                "infinity_dtype": infinity_dtype(paths[p]),
                 "inprocess": {s: inproc[(p, s)] for s in sets},
                 "cells": [{"set": s, "concurrency": c, "embedpool": cells[(f"embedpool-{p}", s, c)],
-                           "infinity": cells.get(("infinity", s, c))}
-                          for s in sets for c in args.concurrency]}
+                           "infinity": cells.get((f"infinity-{infinity_dtype(paths[p])}", s, c))}
+                          for s in sets for c in args.concurrency]})
         del engines
         gc.collect()
-        if "infinity" in servers:  # the load run is embedpool's alone
-            servers.pop("infinity").stop()
+        for name in [n for n in servers if n.startswith("infinity")]:  # the load run is embedpool's alone
+            servers.pop(name).stop()
         if args.load_seconds > 0:
             p = args.precision[0]
             srv = servers[f"embedpool-{p}"]
@@ -495,6 +539,14 @@ def _default_budget() -> int:
     from embedpool.app.settings import Settings
 
     return Settings().max_batch_tokens
+
+
+def _isa() -> dict:
+    from embedpool.poolers.precision import cpu_features
+
+    f = cpu_features()
+    print(f"CPU: {f.summary()}\nall flags: {' '.join(sorted(f.flags))}", flush=True)
+    return {"summary": f.summary(), "isa": f.isa, "torch_capability": f.capability, "flags": sorted(f.flags)}
 
 
 def _cpu() -> str:
