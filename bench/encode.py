@@ -44,6 +44,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _HERE = Path(__file__).resolve().parent
 
+# --emulate-avx2: cap the kernels' instruction set to AVX2 before torch/OpenVINO load (torch's
+# ATen dispatch, oneDNN in torch and OpenVINO, MKL). An approximation of an AVX2-only machine on
+# a newer core (same caches and clocks; ONNX Runtime's MLAS ignores these, and a few OpenVINO
+# kernels stay AVX-512), so its figures are labelled "emulated".
+EMULATE_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+if "--emulate-avx2" in sys.argv:
+    os.environ.update(EMULATE_AVX2)  # and a cache of its own: compiled kernels are per ISA
+    os.environ["EMBEDPOOL_CACHE_DIR"] = str(Path(os.environ.get("TMPDIR", "/tmp")) / "embedpool-cache-emulated-avx2")
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -106,14 +116,16 @@ def time_cluster(encoder, texts: list[str]) -> dict:
     return {"seconds": seconds, "per_doc_ms": 1000 * seconds / max(len(texts), 1), "vectors": n_vectors}
 
 
-def build_systems(args, st, enc32):
+def build_systems(args, st, enc32, feats):
     """name -> encode(texts) -> normalized [N, D]; plus load seconds and skipped paths."""
     import copy
 
     from embedpool.poolers import Embedder, FrozenEncoder
     from embedpool.poolers.precision import MEASURED_ONLY, PATHS, cpu_features, load_forward
 
-    isa = cpu_features().isa
+    from embedpool.poolers.precision import choose
+
+    isa = feats.isa
     wanted = args.paths or [*PATHS, *MEASURED_ONLY, "int8-handwritten"]
     systems = {"st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
                                               convert_to_numpy=True, show_progress_bar=False)}
@@ -139,7 +151,12 @@ def build_systems(args, st, enc32):
         load_s[path] = time.perf_counter() - t0
         systems[path] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(twin))
     t0 = time.perf_counter()
-    auto = FrozenEncoder(precision="auto", max_batch_tokens=enc32.max_batch_tokens)
+    if args.emulate_avx2:  # auto as it decides on an AVX2-only CPU
+        path, why = choose(feats)
+        auto = FrozenEncoder(precision=path, max_batch_tokens=enc32.max_batch_tokens)
+        auto.precision_reason = why
+    else:
+        auto = FrozenEncoder(precision="auto", max_batch_tokens=enc32.max_batch_tokens)
     load_s["auto"] = time.perf_counter() - t0
     systems["auto"] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(auto))
     return systems, load_s, skipped, auto
@@ -156,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers encode() batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch/ONNX Runtime threads (0: torch default)")
     ap.add_argument("--paths", nargs="*", help="embedpool paths to measure (default: all; fp32 and auto always)")
+    ap.add_argument("--emulate-avx2", action="store_true",
+                    help="cap torch/oneDNN/OpenVINO/MKL to AVX2 (see EMULATE_AVX2); auto decides as on AVX2")
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -170,13 +189,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     load_before = os.getloadavg()
     feats = cpu_features()
+    if args.emulate_avx2:
+        from embedpool.poolers.precision import CpuFeatures
+
+        feats = CpuFeatures.of([f for f in feats.flags if not f.startswith(("avx512", "amx", "avx_vnni"))],
+                               f"{torch.backends.cpu.get_cpu_capability()} (emulated)")
     print(f"CPU: {feats.summary()}\nall flags: {' '.join(sorted(feats.flags))}", file=sys.stderr, flush=True)
     docs = load_docs(args.data, args.docs)
     sentences = load_sentences(args.data, args.sentences)
 
     st = SentenceTransformer(default_model_path(), device="cpu", local_files_only=True)
     enc32 = FrozenEncoder(precision="fp32")
-    systems, load_s, skipped, auto = build_systems(args, st, enc32)
+    systems, load_s, skipped, auto = build_systems(args, st, enc32, feats)
     print(f"auto -> {auto.precision}: {auto.precision_reason}", file=sys.stderr, flush=True)
     for fn in systems.values():  # warm-up (first-call allocations, session init)
         fn(docs[:4] + sentences[:4])
@@ -207,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "encode",
         "model": enc32.model_id,
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "machine": {"emulated_avx2": bool(args.emulate_avx2), "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__, "isa": feats.isa, "torch_capability": feats.capability,
                     "flags": sorted(feats.flags), "load_average_before": load_before,
@@ -244,7 +268,8 @@ BAR = 0.995
 
 def table(r: dict) -> str:
     docs, sents = r["sets"].get("scifact_docs"), r["sets"].get("stsb_sentences")
-    lines = [f"ISA: {r['machine']['isa']} (torch {r['machine']['torch_capability']}); auto -> "
+    lines = [f"ISA: {r['machine']['isa']}{' (EMULATED on a newer CPU)' if r['machine'].get('emulated_avx2') else ''} "
+             f"(torch {r['machine']['torch_capability']}); auto -> "
              f"**{r['auto']['path']}**; load average {r['machine']['load_average_before'][0]:.1f} before, "
              f"{r['machine']['load_average_after'][0]:.1f} after", "",
              "| path | documents texts/s (x ref) | sentences texts/s (x ref) | cos to fp32 min / mean (docs) "
