@@ -245,3 +245,24 @@ def test_thread_policy_runs_small_rounds_on_one_thread():
     t.join()
     torch.set_num_threads(full)
     assert seen == [1, full]
+
+
+def test_tokens_counted_before_submit_are_exact_and_thread_safe(embedder):
+    """The server counts a request's tokens in a thread while the worker encodes: the counts
+    equal the encoder's, concurrent counting is safe, and usage comes from them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = ["a short one", "Mitochondrial dysfunction is a hallmark of aging. " * 40, "", "ünïcödé ☃ text"]
+    expected = embedder.encoder.count_tokens(texts)
+    b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0).start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            counted = [pool.submit(b.count_tokens, texts) for _ in range(8)]
+            jobs = [b.submit(texts, ["mean"], counts=expected) for _ in range(4)]
+            assert all(f.result(timeout=120) == expected for f in counted)
+        outs = [j.future.result(timeout=120) for j in jobs]
+        assert all(o.tokens == sum(expected) for o in outs)
+        ref = embedder.embed(texts, ["mean"]).matrix("mean")
+        assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)
+    finally:
+        b.stop()

@@ -188,3 +188,15 @@ def test_graphs_are_cached_by_model_path_version_and_isa(encoder, tmp_path):
     other = runtimes.artifact_dir(encoder.model, "openvino", runtimes.openvino_version(), "amx", cache_dir=tmp_path)
     assert other != folder and folder.parent == tmp_path / "runtimes"
     assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_collection_records_the_encoder_path_without_refusing_others(tmp_path):
+    """A manifest records the path its vectors were made with; fp32 and a path within the bar
+    make compatible vectors, so re-opening with another path is not a conflict."""
+    from embedpool.index import CollectionSpec, open_collection
+
+    spec = CollectionSpec(kind="single", model="m", pooler="mean", dim=8, encoder_precision="openvino-bf16")
+    open_collection(tmp_path, "c", spec)
+    again = open_collection(tmp_path, "c", CollectionSpec(**{**spec.to_dict(), "encoder_precision": "fp32"}))
+    assert CollectionSpec.from_dict(again.manifest).encoder_precision == "openvino-bf16"
+    assert spec.differences(CollectionSpec(**{**spec.to_dict(), "encoder_precision": "fp32"})) == []
