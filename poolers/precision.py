@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from embedpool.errors import InvalidError
+
 # name -> (library, what it is). Every name is selectable; ``auto`` picks one of them.
 PATHS: dict[str, tuple[str, str]] = {
     "fp32": ("torch", "transformers forward in float32 (SDPA attention)"),
@@ -144,7 +146,7 @@ def choose(features: CpuFeatures, available: Iterable[str] | None = None) -> tup
 def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, str]:
     """The concrete path for a requested precision, with the reason it was chosen."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "auto":
         feats = features or cpu_features()
         libs = [lib for lib in ("openvino", "onnxruntime") if library_available(lib)]
@@ -161,7 +163,7 @@ def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration
     from embedpool.poolers import runtimes
 
     if path not in PATHS and path not in MEASURED_ONLY:
-        raise ValueError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}")
+        raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}")
     if path in ("fp32", "bf16"):
         return model
     if path == "bf16-weights":

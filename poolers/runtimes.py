@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedpool.errors import InvalidError
+
 log = logging.getLogger(__name__)
 
 # A handful of varied built-in texts: the default calibration set for static quantization (no
@@ -269,7 +271,7 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
     """OpenVINO path ``mode`` (fp32/bf16 share one converted graph; int8 is NNCF post-training
     quantization calibrated on ``calibration`` or :data:`CALIBRATION_TEXTS`)."""
     if mode not in OPENVINO_MODES:
-        raise ValueError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}")
+        raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}")
     texts = list(calibration or CALIBRATION_TEXTS)
     extra, graph = "", "openvino"  # fp32 and bf16 share the float graph
     if mode.startswith("int8"):
@@ -365,7 +367,7 @@ def load_onnx(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] 
     import onnxruntime as ort
 
     if mode not in ONNX_MODES:
-        raise ValueError(f"ONNX Runtime mode must be one of {', '.join(ONNX_MODES)}, got {mode!r}")
+        raise InvalidError(f"ONNX Runtime mode must be one of {', '.join(ONNX_MODES)}, got {mode!r}")
     texts = list(calibration or CALIBRATION_TEXTS)
     extra = calibration_hash(texts) if mode == "qdq" else ""
     folder = artifact_dir(model, f"onnx-{mode}", ort.__version__, isa, extra, cache_dir)
