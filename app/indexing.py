@@ -435,9 +435,14 @@ class IndexJob:
                 "bytes_on_disk": sum(r["bytes_on_disk"] or 0 for r in rows), "collections": rows}
 
 
+# Recorded in the job state but not compared on resume: vectors of fp32 and of any encoder path
+# within the quality bar are compatible (poolers/precision.py), so `auto` on another CPU may continue a job.
+_RECORDED_ONLY = frozenset({"encoder_precision"})
+
+
 def _diff_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
     out = []
-    for k in sorted(set(old) | set(new)):
+    for k in sorted((set(old) | set(new)) - _RECORDED_ONLY):
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _diff_settings(a, b, f"{prefix}{k}.")

@@ -6,8 +6,8 @@ STS-B sentences (test set ``sentence1``/``sentence2`` in order, then dev):
 
 - texts/s of sentence-transformers ``encode()`` fp32 (the reference) and of embedpool with each
   path (``poolers/precision.py``: torch fp32 / bf16 autocast / bf16 weights, OpenVINO fp32 / bf16 /
-  NNCF int8 / int8 weights, ONNX Runtime's own dynamic and static QDQ int8, and the hand-written
-  ONNX Runtime int8 graph while it exists), all with ``mean`` pooling, normalized; ratios to the
+  NNCF int8 / int8 weights, ONNX Runtime's own dynamic and static QDQ int8), all with ``mean``
+  pooling, normalized; ratios to the
   reference; ``auto`` as the encoder the server would load;
 - cosine of every path's embedding to embedpool fp32 (min and mean) and the quality bar
   (min ≥ 0.995); embedpool fp32 to the reference (a sanity check: ~1.0);
@@ -126,7 +126,7 @@ def build_systems(args, st, enc32, feats):
     from embedpool.poolers.precision import choose
 
     isa = feats.isa
-    wanted = args.paths or [*PATHS, *MEASURED_ONLY, "int8-handwritten"]
+    wanted = args.paths or [*PATHS, *MEASURED_ONLY]
     systems = {"st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
                                               convert_to_numpy=True, show_progress_bar=False)}
     load_s, skipped = {}, {}
@@ -136,18 +136,13 @@ def build_systems(args, st, enc32, feats):
             continue
         t0 = time.perf_counter()
         try:
-            if path == "int8-handwritten":
-                from embedpool.poolers.fastpath import load_fastpath
-
-                fwd = load_fastpath(enc32.model, "int8", tokenizer=enc32.tokenizer)
-            else:
-                fwd = load_forward(path, enc32.model, enc32.tokenizer, enc32.max_length)
+            fwd = load_forward(path, enc32.model, enc32.tokenizer, enc32.max_length)
         except Exception as exc:  # a library missing or failing: reported, not fatal
             skipped[path] = f"{type(exc).__name__}: {exc}"[:200]
             continue
         twin = copy.copy(enc32)
         twin.stats = type(enc32.stats)()
-        twin._forward_fn, twin.precision = fwd, ("fp32" if path == "int8-handwritten" else path)
+        twin._forward_fn, twin.precision = fwd, path
         load_s[path] = time.perf_counter() - t0
         systems[path] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(twin))
     t0 = time.perf_counter()

@@ -53,7 +53,9 @@ def _layer_of(module: str) -> str | None:
 
 
 def _sources(*folders: str) -> list[Path]:
-    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py") if "__pycache__" not in p.parts)
+    # hidden folders are not the project's sources (bench/.infinity-venv: a peer's own venv)
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py")
+                  if "__pycache__" not in p.parts and not any(q.startswith(".") for q in p.relative_to(ROOT).parts))
 
 
 @pytest.mark.parametrize("layer", sorted(BANNED))

@@ -87,7 +87,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     killed = tmp_path / "killed"
     args = ["index", str(corpus), "--data-dir", str(killed), "--collection", "sf",
             *sum((["--pooler", p] for p in POOLERS), []), "--commit-every", "8", "--batch-docs", "8",
-            "--no-progress"]
+            "--no-progress", "--precision", "fp32"]  # the in-process rerun below uses the fp32 embedder
     # the interrupted run: a real child process, killed with SIGKILL right after a commit
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "embedpool.app.cli", *args], cwd=ROOT, env=env,
@@ -278,3 +278,13 @@ def test_index_and_search_cli(embedder, data_dir, tmp_path, monkeypatch, capsys)
     assert cli.main(["index", str(corpus), "--data-dir", d, "--collection", "sf", "--pooler", "tokens",
                      "--text-field", "title", "--no-progress"]) == 2
     assert "different settings" in capsys.readouterr().err
+
+
+def test_resume_records_but_does_not_compare_the_encoder_path():
+    """A job started with one encoder path may be continued with another (fp32 and the paths
+    within the quality bar make compatible vectors); other settings still must match."""
+    from embedpool.app.indexing import _diff_settings
+
+    old = {"model": "m", "encoder_precision": "fp32", "pooler": "mean"}
+    assert _diff_settings(old, {**old, "encoder_precision": "openvino-bf16"}) == []
+    assert _diff_settings(old, {**old, "pooler": "cls"}) == ["pooler: 'mean' then, 'cls' now"]

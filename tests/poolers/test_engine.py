@@ -280,7 +280,7 @@ def cls_model_dir(tmp_path_factory):
 def test_auto_pooler_and_prompts_follow_the_model(cls_model_dir):
     from sentence_transformers import SentenceTransformer
 
-    enc = FrozenEncoder(str(cls_model_dir))
+    enc = FrozenEncoder(str(cls_model_dir), precision="fp32")  # compared with sentence-transformers fp32
     emb = Embedder(enc)
     assert enc.pooling_mode == "cls" and emb.canonical("auto") == "cls"
     st = SentenceTransformer(str(cls_model_dir), device="cpu")
@@ -306,7 +306,7 @@ def _cli(*args, stdin: str | None = None):
 
 
 def test_cli_embed_json_lines(embedder):
-    p = _cli("embed", "A sample sentence.", "", "--pooler", "mean", "--dimensions", "8")
+    p = _cli("embed", "A sample sentence.", "", "--pooler", "mean", "--dimensions", "8", "--precision", "fp32")
     assert p.returncode == 0, p.stderr
     lines = [json.loads(x) for x in p.stdout.splitlines()]
     assert [x["index"] for x in lines] == [0, 1]
