@@ -153,6 +153,9 @@ def _servers(tmp_path_factory):
             "EMBEDPOOL_MAX_WAIT_MS": "0",
             "EMBEDPOOL_MAX_CLIENT_BATCH": "100",
             "EMBEDPOOL_MAX_PAYLOAD_BYTES": "65536",
+            # the torch fp32 path: tests of queueing and disconnects need rounds that take a while
+            # (the default server runs auto)
+            "EMBEDPOOL_PRECISION": "fp32",
         }, api_key=API_KEY),
     }
     yield servers
