@@ -157,6 +157,26 @@ def build_systems(args, st, enc32, feats):
     return systems, load_s, skipped, auto
 
 
+def measure_sets(systems: dict, enc32, docs: list[str], sentences: list[str], args) -> dict:
+    """Both text sets through every system, interleaved; speeds, ratios and cosines to fp32."""
+    sets = {}
+    for name, texts, chunk in (("scifact_docs", docs, args.chunk_docs),
+                               ("stsb_sentences", sentences, args.chunk_sentences)):
+        if not texts:
+            continue
+        seconds, embs = encode_interleaved(systems, texts, chunk)
+        ref = seconds["st_fp32"]
+        sets[name] = {
+            "texts": len(texts), "tokens": sum(enc32.count_tokens(texts)), "seconds": seconds,
+            "texts_per_s": {k: len(texts) / v for k, v in seconds.items()},
+            "ratio_to_reference": {k: ref / v for k, v in seconds.items()},
+            "cosine_to_fp32": {k: cosines(e, embs["fp32"]) for k, e in embs.items()},
+        }
+        print(f"[{name}] done: {json.dumps({k: round(v, 2) for k, v in sets[name]['texts_per_s'].items()})}",
+              file=sys.stderr, flush=True)
+    return sets
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1000, help="SciFact documents (default 1000)")
@@ -200,21 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     for fn in systems.values():  # warm-up (first-call allocations, session init)
         fn(docs[:4] + sentences[:4])
 
-    sets = {}
-    for name, texts, chunk in (("scifact_docs", docs, args.chunk_docs),
-                               ("stsb_sentences", sentences, args.chunk_sentences)):
-        if not texts:
-            continue
-        seconds, embs = encode_interleaved(systems, texts, chunk)
-        ref = seconds["st_fp32"]
-        sets[name] = {
-            "texts": len(texts), "tokens": sum(enc32.count_tokens(texts)), "seconds": seconds,
-            "texts_per_s": {k: len(texts) / v for k, v in seconds.items()},
-            "ratio_to_reference": {k: ref / v for k, v in seconds.items()},
-            "cosine_to_fp32": {k: cosines(e, embs["fp32"]) for k, e in embs.items()},
-        }
-        print(f"[{name}] done: {json.dumps({k: round(v, 2) for k, v in sets[name]['texts_per_s'].items()})}",
-              file=sys.stderr, flush=True)
+    sets = measure_sets(systems, enc32, docs, sentences, args)
 
     cluster = None
     if docs:

@@ -417,6 +417,30 @@ def best_each(a: dict | None, b: dict) -> dict:
     return dict(b) if a is None else {k: max(v, a.get(k, v)) for k, v in b.items()}
 
 
+def start_peers(args, logdir: Path, results: dict, servers: dict, inf_ok: bool) -> tuple[dict, dict]:
+    """Wait for the embedpool servers (recording the path each resolved), start Infinity in the
+    dtypes those paths need (added to ``servers``), check every server embeds. Returns
+    ``(paths, models)``: embedpool precision -> path, server name -> model name to send."""
+    from embedpool.poolers.encoder import default_model_path
+
+    paths: dict[str, str] = {}
+    for p in args.precision:
+        srv = servers[f"embedpool-{p}"]
+        results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
+        info = asyncio.run(server_precision(srv.port))
+        results["runs"][p] = {"server": info}
+        paths[p] = info["precision"] or p
+        print(f"  {srv.name}: path {paths[p]} ({info.get('precision_reason')})", flush=True)
+    if inf_ok:
+        for dtype in dict.fromkeys(infinity_dtype(paths[p]) for p in args.precision):
+            srv = servers[f"infinity-{dtype}"] = start_infinity(args.infinity_venv, default_model_path(), logdir, dtype)
+            results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
+    models = {name: ("all-MiniLM-L6-v2" if name.startswith("infinity") else "x") for name in servers}
+    for name, srv in servers.items():
+        asyncio.run(check_embedding("127.0.0.1", srv.port, "/v1/embeddings", models[name]))
+    return paths, models
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precision", nargs="+", default=["fp32", "auto"],
@@ -462,23 +486,8 @@ def main() -> int:
     # Servers first (they load in parallel), then the in-process engines.
     servers: dict[str, Proc] = {f"embedpool-{p}": start_embedpool(p, logdir, args.max_batch_tokens)
                                 for p in args.precision}
-    paths: dict[str, str] = {}  # embedpool precision -> resolved path (auto)
     try:
-        for p in args.precision:
-            srv = servers[f"embedpool-{p}"]
-            results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
-            info = asyncio.run(server_precision(srv.port))
-            results["runs"][p] = {"server": info}
-            paths[p] = info["precision"] or p
-            print(f"  {srv.name}: path {paths[p]} ({info.get('precision_reason')})", flush=True)
-        if inf_ok:
-            for dtype in dict.fromkeys(infinity_dtype(paths[p]) for p in args.precision):
-                srv = servers[f"infinity-{dtype}"] = start_infinity(args.infinity_venv, default_model_path(),
-                                                                     logdir, dtype)
-                results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
-        models = {name: ("all-MiniLM-L6-v2" if name.startswith("infinity") else "x") for name in servers}
-        for name, srv in servers.items():
-            asyncio.run(check_embedding("127.0.0.1", srv.port, "/v1/embeddings", models[name]))
+        paths, models = start_peers(args, logdir, results, servers, inf_ok)
         engines = {p: InProcess(p, args.max_batch_tokens) for p in args.precision}
         cells: dict[tuple, dict] = {}
         inproc: dict[tuple, dict] = {}
