@@ -145,7 +145,9 @@ class MilvusLiteServer:
 def _servers(tmp_path_factory):
     base = tmp_path_factory.mktemp("servers")
     servers = {
-        "default": Server(base / "default", {}),
+        # tests compare the default server with sentence-transformers and in-process fp32 vectors
+        "default": Server(base / "default", {"EMBEDPOOL_PRECISION": "fp32"}),
+        "auto": Server(base / "auto", {}),  # the real default, precision=auto
         "limited": Server(base / "limited", {
             "EMBEDPOOL_API_KEY": API_KEY,
             "EMBEDPOOL_MAX_QUEUE": "64",
@@ -166,6 +168,11 @@ def _servers(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(_servers) -> Server:
     return _servers["default"].wait_ready()
+
+
+@pytest.fixture(scope="session")
+def auto_server(_servers) -> Server:
+    return _servers["auto"].wait_ready()
 
 
 @pytest.fixture(scope="session")

@@ -38,13 +38,25 @@ def test_info(client):
     info = client.get("/info").json()
     assert info["status"] == "ready"
     assert info["model"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert info["dim"] == 384 and info["max_length"] == 256
-    # the default is auto, resolved at load from this CPU's features (the same pure decision)
-    from embedpool.poolers.precision import resolve
+    assert info["dim"] == 384 and info["max_length"] == 256 and info["precision"] == "fp32"
+
+
+def test_auto_precision_in_info_metrics_and_manifest(auto_server):
+    """The default is auto, resolved at load from this CPU's features (the same pure decision)."""
+    from embedpool.poolers.precision import cpu_features, resolve
 
     path, reason = resolve("auto")
-    assert info["precision_requested"] == "auto" and info["precision"] == path
-    assert info["precision_reason"] == reason and info["cpu"] in reason
+    with auto_server.client() as c:
+        info = c.get("/info").json()
+        assert info["precision_requested"] == "auto" and info["precision"] == path
+        assert info["precision_reason"] == reason and info["cpu"] in reason
+        text = c.get("/metrics").text
+        labels = re.search(r"^embedpool_encoder_info\{(.*)\} 1\.0$", text, re.M).group(1)
+        assert f'precision="{path}"' in labels and 'requested="auto"' in labels
+        assert f'isa="{cpu_features().isa}"' in labels
+        r = c.post("/collections", json={"name": "auto-notes"})
+        assert r.status_code == 201, r.text
+        assert r.json()["encoder_precision"] == path  # recorded in the manifest
     assert info["default_pooler"] == "mean"
     names = {p["name"] for p in info["poolers"]}
     assert {"mean", "cls", "max", "landmark", "attention", "cluster", "tokens"} <= names
@@ -61,11 +73,7 @@ def test_metrics(client):
         assert name in text, name
     assert re.search(r'embedpool_requests_total\{method="POST",route="/embed",status="200"\} [1-9]', text)
     assert re.search(r"^embedpool_model_loaded 1\.0$", text, re.M)
-    from embedpool.poolers.precision import cpu_features, resolve
-
-    info = re.search(r"^embedpool_encoder_info\{(.*)\} 1\.0$", text, re.M).group(1)
-    assert f'precision="{resolve("auto")[0]}"' in info and 'requested="auto"' in info
-    assert f'isa="{cpu_features().isa}"' in info
+    assert 'embedpool_encoder_info{' in text and 'precision="fp32"' in text
     # where the worker's time goes, per stage
     stages = dict(re.findall(r'^embedpool_round_stage_seconds_total\{stage="(\w+)"\} (\S+)$', text, re.M))
     assert set(stages) == {"tokenize", "forward", "pool", "count", "deliver"} and float(stages["forward"]) > 0
@@ -182,7 +190,7 @@ def test_collections_crud_and_search(client):
     assert r.status_code == 201, r.text
     info = r.json()
     assert info["kind"] == "single" and info["pooler"] == "mean" and info["dim"] == 384 and info["documents"] == 0
-    assert info["encoder_precision"] == client.get("/info").json()["precision"]  # recorded in the manifest
+    assert info["encoder_precision"] == "fp32"  # recorded in the manifest
     assert client.post("/collections", json={"name": "notes"}).status_code == 200  # same settings: fine
     conflict = client.post("/collections", json={"name": "notes", "pooler": "cls"})
     assert conflict.status_code == 409 and conflict.json()["type"] == "conflict"
