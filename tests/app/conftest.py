@@ -216,7 +216,7 @@ def prompted_server(tmp_path_factory):
     """A server running a copy of the default model with a query prompt (started on first use)."""
     base = tmp_path_factory.mktemp("prompted")
     model = prompted_model_copy(base)
-    srv = Server(base / "server", {"EMBEDPOOL_MODEL": str(model)})
+    srv = Server(base / "server", {"EMBEDPOOL_MODEL": str(model), "EMBEDPOOL_PRECISION": "fp32"})  # vs ST fp32
     srv.model_path = model
     try:
         yield srv.wait_ready()
