@@ -186,7 +186,7 @@ class IndexJob:
             cspec = embedder.canonical(companion)
             cpool = embedder.pooler(cspec)
             if cpool.multi_vector:
-                raise IndexJobError(f"companion pooler {companion!r} must be single-vector (e.g. mean)")
+                raise IndexJobError(f"companion pooler {companion!r} must be single-vector (mean or fde)")
             if cspec not in self.targets:
                 self.targets[cspec] = Target(cspec, companion, collection_name(name, companion, True),
                                              False, cpool.plan.key)
@@ -205,7 +205,7 @@ class IndexJob:
 
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
-        dim = self.dimensions or self.embedder.dim
+        dim = self.embedder.output_dim(t.spec, self.dimensions)
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
                       encoder_precision=getattr(self.embedder.encoder, "precision", None))
         if t.multi:

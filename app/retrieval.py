@@ -18,6 +18,7 @@ Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 
 from embedpool.errors import InvalidError
 from embedpool.index import CollectionBase, CollectionSpec, Hit, maxsim_scores
+from embedpool.poolers import build_pooler
 
 MODES = ("exhaustive", "two_stage", "tokens")
 
@@ -49,10 +51,22 @@ class Embedding:
         return {"role": self.role, "normalize": self.normalize, "dimensions": self.dimensions}
 
 
+@functools.lru_cache(maxsize=256)
+def own_dim(pooler: str, model_dim: int) -> int | None:
+    """The size of pooler ``pooler``'s vectors if it has one of its own (``fde``), else ``None``."""
+    return build_pooler(pooler).output_dim(model_dim)
+
+
 def collection_embedding(spec: CollectionSpec, model_dim: int, role: str = "query") -> Embedding:
     """How texts of ``role`` (queries; documents when upserting) are embedded for a collection
     of ``spec`` on a model of ``model_dim`` dimensions (a smaller ``spec.dim`` is a Matryoshka
-    truncation)."""
+    truncation; a pooler with a size of its own, ``fde``, is never truncated)."""
+    own = own_dim(spec.pooler, model_dim) if spec.pooler else None
+    if own is not None:
+        if own != spec.dim:
+            raise RetrievalError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "
+                                 f"{own}; it was made by another embedpool version or by hand", param="collection")
+        return Embedding(spec.pooler, bool(spec.normalized), None, role)
     if spec.dim > model_dim:
         raise RetrievalError(f"the collection stores {spec.dim}-d vectors but the model gives {model_dim}; "
                              "search it with the model that made it", param="collection")
@@ -161,7 +175,7 @@ class Search:
             return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), k=self.k)
         if self.companion is not None:
             return self.collection.search(q, k=self.k, mode="two_stage", candidates=self.candidates,
-                                          companion=self.companion,
+                                          companion=self.companion, companion_pooler=self.companion_query.pooler,
                                           companion_queries=np.stack(take(self.companion_query)))
         return self.collection.search(q, k=self.k, mode=self.mode, k_token=self.k_token)
 

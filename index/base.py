@@ -324,7 +324,8 @@ class CollectionBase(ABC):
 
     def search(self, queries: Any, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
                k_token: int = 32, companion_queries: Any = None,
-               companion: "CollectionBase | None" = None) -> list[list[Hit]]:
+               companion: "CollectionBase | None" = None,
+               companion_pooler: str | None = None) -> list[list[Hit]]:
         """Top-k documents per query.
 
         Args:
@@ -336,6 +337,9 @@ class CollectionBase(ABC):
                 single-vector collection for ``companion_queries``, then exact MaxSim).
             companion: the companion collection (any backend); defaults to ``spec.companion``
                 opened from the same backend and location.
+            companion_pooler: the pooler spec ``companion_queries`` were made with; refused
+                unless it is the companion's (an FDE made with other parameters approximates
+                nothing, though it may have the same dimension).
 
         Returns:
             ``q`` lists of :class:`Hit`, best first. Scores: inner product (single ``ip``),
@@ -360,6 +364,11 @@ class CollectionBase(ABC):
             raise InvalidInputError(
                 f"mode='two_stage' needs companion_queries: one pooled query vector per query "
                 f"for companion collection {comp.name!r} (dim {comp.spec.dim})")
+        if companion_pooler is not None and companion_pooler != comp.spec.pooler:
+            raise SpecMismatchError(
+                f"companion_queries were made with pooler {companion_pooler!r}, but companion "
+                f"collection {comp.name!r} holds vectors of pooler {comp.spec.pooler!r}; embed the "
+                f"queries with {comp.spec.pooler!r} (role query)")
         cq = as_matrix(companion_queries, comp.spec.dim, "companion_queries", comp.name)
         if len(cq) != len(qs):
             raise InvalidInputError(

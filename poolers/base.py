@@ -135,6 +135,11 @@ class Pooler(Configurable):
                  if getattr(self, k) != getattr(type(self), k)]
         return self.name + (":" + ",".join(parts) if parts else "")
 
+    def output_dim(self, model_dim: int) -> int | None:
+        """Size of this pooler's vectors when it has one of its own (``fde``), else ``None``: the
+        model's hidden size, which Matryoshka ``dimensions`` may truncate."""
+        return None
+
     def bind(self, model_id: str | None) -> None:
         """Check the pooler against the encoder ``model_id`` (poolers with ``binds_model``)."""
 

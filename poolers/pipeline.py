@@ -81,6 +81,18 @@ class Embedder:
     def canonical(self, spec: str | None) -> str:
         return self.pooler(spec).spec
 
+    def output_dim(self, spec: str | None, dimensions: int | None = None) -> int:
+        """Size of the vectors of pooler ``spec`` after post-processing with ``dimensions``."""
+        own = self.pooler(spec).output_dim(self.dim)
+        return own if own is not None else (dimensions or self.dim)
+
+    def dimensions_for(self, spec: str | None, dim: int) -> int | None:
+        """The ``dimensions`` argument that makes pooler ``spec`` produce ``dim``-sized vectors
+        (``None``: none needed, e.g. a pooler with a size of its own)."""
+        if self.pooler(spec).output_dim(self.dim) is not None or dim >= self.dim:
+            return None
+        return dim
+
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None:
             return
@@ -110,7 +122,8 @@ class Embedder:
             poolers: pooler specs; ``None`` uses the default pooler.
             role: ``query`` or ``document``; selects the model's prompt if it has one.
             normalize: L2-normalize every output vector.
-            dimensions: keep the first ``dimensions`` components (Matryoshka), then normalize.
+            dimensions: keep the first ``dimensions`` components (Matryoshka), then normalize;
+                not applied to poolers with a size of their own (``fde``).
             truncate: cut inputs at the model's window (standard plan); ``False`` raises on
                 an over-long input instead. The landmark plan windows and never truncates.
             on_batch: called with ``(texts_done, tokens)`` after each forward batch.
@@ -143,8 +156,9 @@ class Embedder:
                 for spec in specs:
                     t0 = time.perf_counter()
                     pooled = built[spec].pool_role(states, role)
+                    dims = dimensions if built[spec].output_dim(self.dim) is None else None
                     for j, i in enumerate(text_ids):
-                        out[spec][i] = postprocess(pooled[j], normalize, dimensions).numpy().astype(np.float32, copy=False)
+                        out[spec][i] = postprocess(pooled[j], normalize, dims).numpy().astype(np.float32, copy=False)
                     if on_pool:
                         on_pool(spec, time.perf_counter() - t0)
                 if on_batch:

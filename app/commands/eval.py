@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--markdown", metavar="FILE", help="Markdown table")
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
     add_candidate_args(p)
+    p.add_argument("--companion", default="mean", metavar="SPEC",
+                   help="two_stage: single-vector pooler of the companion (mean, or fde for MUVERA "
+                        "fixed-dimensional encodings; default mean)")
     p.add_argument("--max-docs", type=int, help="evaluate on a slice of at most N documents")
     p.add_argument("--max-queries", type=int, help="at most N queries (synthetic-long default 100)")
     p.add_argument("--max-pairs", type=int, help="STS: the first N pairs only")
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         data = datasets.load_beir(args.data or args.synthetic_long, args.split)
         embedder = load_embedder(settings)
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
-                      candidates=args.candidates, k_token=args.k_token, index_dir=args.index_dir,
+                      candidates=args.candidates, companion=args.companion, k_token=args.k_token,
+                      index_dir=args.index_dir,
                       commit_every=args.commit_every, batch_docs=args.batch_docs,
                       storage_precision=args.storage_precision, progress=not args.no_progress, log=log,
                       latency_queries=args.latency_queries)

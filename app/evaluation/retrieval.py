@@ -2,7 +2,7 @@
 the service.
 
 The corpus is indexed by :class:`app.indexing.IndexJob` (one forward pass per tokenization plan
-for every pooler; a ``mean`` companion when a multi-vector pooler is evaluated with
+for every pooler; a ``mean`` (or ``fde``) companion when a multi-vector pooler is evaluated with
 ``two_stage``) into collections in a temporary (or kept) folder; the queries are embedded once
 for all of them, each as its collection's manifest says (:mod:`app.retrieval`), and searched
 with :meth:`app.retrieval.Search.run` -- the code ``embedpool search`` and the HTTP route run.
@@ -209,7 +209,8 @@ def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, e
 
 def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: list[str] = ("exhaustive",),
                        baseline: str | None = None, stat_test: str = "student", candidates: int = 100,
-                       k_token: int = 32, index_dir: str | Path | None = None, name: str = "eval",
+                       companion: str = "mean", k_token: int = 32, index_dir: str | Path | None = None,
+                       name: str = "eval",
                        commit_every: int = 500, batch_docs: int = 256, storage_precision: str = "float32",
                        progress: bool = True, query_vectors: QueryVectors | None = None,
                        log: Callable[[str], None] | None = None, extra: dict | None = None,
@@ -233,7 +234,7 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
     with tempfile.TemporaryDirectory(prefix="embedpool-eval-") as tmp:
         job = IndexJob(embedder, index_dir or tmp, name, list(dict.fromkeys(v.spec for v in variants)),
                        source={"eval": data.info, "documents": len(data.corpus)},
-                       companion="mean" if need_companion else None, commit_every=commit_every,
+                       companion=companion if need_companion else None, commit_every=commit_every,
                        batch_docs=batch_docs, storage_precision=storage_precision, progress=progress,
                        log=log)
         with job:

@@ -88,7 +88,7 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
         raise Invalid("companion: only multi-vector collections have a companion", param="companion")
     engine.check_dimensions(dimensions)
     spec = index.CollectionSpec(
-        kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=dimensions or engine.embedder.dim,
+        kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
         token_factory=body.token_factory, companion=body.companion,
         encoder_precision=getattr(engine.embedder.encoder, "precision", None))

@@ -1,0 +1,121 @@
+"""``--companion fde``: the index job makes a single-vector companion of MUVERA FDEs whose manifest
+records every FDE parameter; ``two_stage`` takes its candidates from it in FAISS Flat / HNSW / IVF
+and Milvus Lite HNSW / IVF with the same results; query FDEs made with other parameters are
+refused. The real model, FAISS on disk and Milvus Lite."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path)
+
+from embedpool.app.indexing import CorpusSource, IndexJob
+from embedpool.index import CollectionSpec, SpecMismatchError, open_collection
+
+N_DOCS = 40
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_index_job_with_fde_companion_and_two_stage_search(embedder, data_dir, tmp_path, monkeypatch, capsys):
+    from embedpool.app import cli
+    from embedpool.app.commands import search as search_cmd
+
+    corpus = tmp_path / "corpus.jsonl"
+    recs = _corpus(corpus, data_dir, 16, chars=400)
+    d = tmp_path / "data"
+    src = CorpusSource(str(corpus))
+    with IndexJob(embedder, d, "sf", ["cluster:pool_factor=2"], companion="fde", factory="HNSW32",
+                  source=src.describe(), progress=False, batch_docs=8) as job:
+        summary = job.run(src.records(), total=src.count())
+    fde = embedder.pooler("fde")
+    kinds = {c["collection"]: (c["kind"], c["documents"]) for c in summary["collections"]}
+    assert kinds == {"sf": ("multi", 16), "sf-fde": ("single", 16)}
+    with open_collection(d, "sf-fde") as comp:  # the manifest pins every FDE parameter
+        assert comp.spec.pooler == fde.spec and "k_sim=" in comp.spec.pooler and "seed=" in comp.spec.pooler
+        assert comp.spec.dim == fde.output_dim(384) and comp.spec.factory == "HNSW32"
+        assert comp.manifest["pooler"] == fde.spec
+    with open_collection(d, "sf") as coll:
+        assert coll.spec.companion == "sf-fde"
+
+    monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
+    assert cli.main(["search", "--data-dir", str(d), "--collection", "sf", "--query", recs[5].text,
+                     "--query", recs[11].text, "-k", "3", "--mode", "two_stage", "--candidates", "4"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["hits"][0]["id"] for x in lines] == [recs[5].id, recs[11].id]
+
+
+@pytest.fixture(scope="module")
+def embedded(embedder, data_dir, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("fde") / "corpus.jsonl"
+    recs = _corpus(corpus, data_dir, N_DOCS, chars=600)
+    docs = embedder.embed([r.text for r in recs], ["tokens", "fde"], role="document")
+    queries = [r.text.split(". ")[0] for r in recs[::5]]  # first sentences: near, not equal
+    q = embedder.embed(queries, ["tokens", "fde"], role="query")
+    return [r.id for r in recs], docs, q
+
+
+def _companion(folder, name, factory, fde_spec, dim, ids, vectors, **where):
+    spec = CollectionSpec(kind="single", model=MODEL, pooler=fde_spec, dim=dim, factory=factory)
+    comp = open_collection(folder, name, spec, **where)
+    comp.add(ids, vectors, pooler=fde_spec)
+    comp.commit()
+    return comp
+
+
+def test_two_stage_fde_candidates_in_faiss_and_milvus_indexes_agree(embedder, embedded, tmp_path):
+    pytest.importorskip("milvus_lite")
+    ids, docs, q = embedded
+    fde = embedder.pooler("fde")
+    dim = fde.output_dim(384)
+    mspec = CollectionSpec(kind="multi", model=MODEL, pooler="tokens", dim=384)
+    multi = open_collection(tmp_path / "faiss", "mv", mspec)
+    multi.add(ids, docs.vectors["tokens"], pooler="tokens")
+    multi.commit()
+    fdes = docs.matrix("fde")
+    comps = {f"faiss {f}": _companion(tmp_path / "faiss", f"c{i}", f, fde.spec, dim, ids, fdes)
+             for i, f in enumerate(["IDMap2,Flat", "HNSW32", "IVF4,Flat"])}
+    milvus = {"backend": "milvus", "milvus_uri": str(tmp_path / "m.db")}
+    comps.update({f"milvus {f}": _companion(tmp_path / "m", f"c{i}", f, fde.spec, dim, ids, fdes, **milvus)
+                  for i, f in enumerate(["HNSW32", "IVF4,Flat"])})
+    try:
+        exact = [[h.id for h in r] for r in multi.search(q.vectors["tokens"], k=10)]
+        results = {}
+        for name, comp in comps.items():
+            hits = multi.search(q.vectors["tokens"], k=10, mode="two_stage", candidates=20, companion=comp,
+                                companion_queries=q.matrix("fde"), companion_pooler=fde.spec)
+            results[name] = [[h.id for h in r] for r in hits]
+        ref = results["faiss IDMap2,Flat"]
+        for name, r in results.items():
+            assert r == ref, name
+        # each query (a document's first sentence) finds its document first, as exhaustive MaxSim does
+        assert [r[0] for r in ref] == [e[0] for e in exact] == ids[::5]
+
+        # a query FDE made with other parameters is refused: by its pooler spec, and by its size
+        other = embedder.pooler("fde:seed=1")
+        other_q = embedder.embed(["a query"], [other.spec], role="query").matrix(other.spec)
+        with pytest.raises(SpecMismatchError, match=r"made with pooler 'fde:.*seed=1.*embed the queries with"):
+            multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["faiss HNSW32"],
+                         companion_queries=other_q, companion_pooler=other.spec)
+        small = embedder.embed(["a query"], ["fde:reps=2"], role="query").matrix("fde:reps=2")
+        with pytest.raises(SpecMismatchError, match="dimension"):
+            multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["milvus HNSW32"],
+                         companion_queries=small)
+        # and documents of other FDE parameters cannot enter the companion
+        with pytest.raises(SpecMismatchError, match="pooler"):
+            comps["faiss IDMap2,Flat"].add(["x"], other_q, pooler=other.spec)
+    finally:
+        multi.close()
+        for c in comps.values():
+            c.close()
+
+
+def test_dimensions_do_not_truncate_fde(embedder):
+    """Matryoshka ``dimensions`` cut the model's vectors, never an FDE (its size is its own)."""
+    r = embedder.embed(["some text"], ["mean", "fde"], dimensions=64)
+    fde = embedder.pooler("fde")
+    assert r.vectors["mean"][0].shape == (64,) and r.vectors["fde"][0].shape == (fde.output_dim(384),)
+    assert embedder.output_dim("fde", 64) == fde.output_dim(384) and embedder.output_dim("mean", 64) == 64
+    assert embedder.dimensions_for(fde.spec, fde.output_dim(384)) is None
+    assert embedder.dimensions_for("mean", 64) == 64 and embedder.dimensions_for("mean", 384) is None
