@@ -73,11 +73,28 @@ from embedpool.index import Collection, CollectionSpec, delete_collection, open_
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"
 RESULTS_MILVUS = _HERE / "results" / "index_milvus.json"
+RESULTS_FDE = _HERE / "results" / "index_fde.json"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MULTI_POOLERS = ("tokens", "cluster:pool_factor=2", "cluster:pool_factor=3", "cluster:pool_factor=4",
                  "cluster:pool_factor=8", "cluster:pool_factor=16")
 PRECISIONS = ("float32", "float16", "int8")
 CANDIDATES = (50, 100, 200, 500)
+
+
+def cpu_flags() -> dict:
+    """What this CPU offers (the figures depend on it)."""
+    import torch
+
+    flags = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni") if f in flags.split()]
+    return {"cpu_flags": have, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -570,6 +587,13 @@ def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--scifact", action="store_true", help="the SciFact multi-vector benchmark (issue 3)")
+    ap.add_argument("--fde", action="store_true",
+                    help="issue 13: FDE vs mean companions on SciFact and synthetic long documents")
+    ap.add_argument("--no-sweep", action="store_true", help="--fde: skip the FDE parameter sweep")
+    ap.add_argument("--long-queries", type=int, default=100, help="--fde: queries of the synthetic long documents")
+    ap.add_argument("--long-distractors", type=int, default=16, help="--fde: K of the synthetic long documents")
+    ap.add_argument("--fde-spec", help="--fde: the FDE setting of the tables (default: the sweep's pick, "
+                                       "or the pooler's default with --no-sweep)")
     ap.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
                     help="milvus: SciFact FAISS flat vs Milvus FLAT side by side (issue 7)")
     ap.add_argument("--milvus-uri", help="Milvus server URI (default: Milvus Lite in a temp file)")
@@ -660,10 +684,31 @@ def print_synthetic(f: dict, ms: dict) -> None:
     print(render_table(["precision", "B/doc", "mode", "p50 ms", "p99 ms", "speedup", "top10 ovl", "top1"], rows))
 
 
+def run_fde(args: argparse.Namespace, machine: dict) -> None:
+    """``--fde`` (issue 13): FDE vs mean companions, see bench/index_fde.py."""
+    import index_fde
+
+    out_path = args.out or RESULTS_FDE
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    machine.update(loadavg_1m_start=round(os.getloadavg()[0], 2), **cpu_flags())
+    with tempfile.TemporaryDirectory() as tmp:
+        sf, cache, _ = _scifact(args.docs, args.encode_threads)
+        res = index_fde.bench_fde(Path(tmp), sf, cache, ndcg10, args.latency_queries, not args.no_sweep,
+                                  args.fde_spec, long=(args.long_queries, args.long_distractors))
+    machine["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    out_path.write_text(json.dumps({"machine": machine, "threads": THREADS, "docs_arg": args.docs, **res},
+                                   indent=2) + "\n")
+    print(f"threads: {THREADS or 'library default'}; machine: {machine}")
+    print("\n" + index_fde.fde_markdown(res))
+    print(f"\nwrote {out_path}")
+
+
 def main() -> None:
     args = _args()
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": THREADS}
-    if args.scifact or args.backend == "milvus":
+    if args.fde:
+        run_fde(args, machine)
+    elif args.scifact or args.backend == "milvus":
         run_scifact_or_milvus(args, machine)
     else:
         run_synthetic(args, machine)
