@@ -2,15 +2,13 @@
 bytes per document, build seconds, p50/p99 per query (one query per call, one thread) and nDCG@10.
 
 fast-plaid's wheels are built against one torch release each (1.7.0.2110: torch 2.11.0), so it runs
-in its own venv (``--venv``, default bench/.venv-plaid), never in the project's (torch 2.13):
+in its own venv (``--venv``, default bench/.venv-plaid, gitignored), never in the project's (torch
+2.13):
 
-    python3.11 -m venv bench/.venv-plaid
-    bench/.venv-plaid/bin/pip install --no-deps torch==2.11.0 fast-plaid==1.7.0.2110
-    bench/.venv-plaid/bin/pip install fastkmeans==0.5.0 joblib usearch numpy filelock \\
-        typing-extensions sympy networkx jinja2 fsspec
+    python3.11 -m venv bench/.venv-plaid && bench/.venv-plaid/bin/pip install fast-plaid==1.7.0.2110
 
-(``--no-deps`` for torch: its PyPI wheel would pull several GB of CUDA libraries that a CPU run
-never loads.) Both sides index the cached ``tokens`` vectors (bench/scifact_data.py); embedpool's
+(PyPI's torch 2.11.0 brings its CUDA libraries along, ~5 GB on disk, which a CPU run never
+loads.) Both sides index the cached ``tokens`` vectors (bench/scifact_data.py); embedpool's
 build time is adding and committing the vectors (and computing the FDEs from them), PLAID's is
 ``FastPlaid.create`` (k-means and residual compression).
 
