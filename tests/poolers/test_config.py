@@ -25,6 +25,7 @@ NON_DEFAULT = {
     "cluster": {"pool_factor": 3.0, "protected": 2, "pool_queries": True, "window": True},
     "tokens": {"window": True},
     "attention": {"queries": 3},
+    "fde": {"k_sim": 2, "dim_proj": 8, "reps": 3, "seed": 5, "final_dim": 16, "window": True},
 }
 
 
@@ -151,7 +152,8 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     """``role_aware`` is true exactly when queries and documents pool differently;
     ``binds_model`` exactly for the poolers that check the encoder; ``multi_vector`` a bool."""
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
-             ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2})]
+             ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
+             ("fde", {})]
     assert {n for n, _ in cases} == set(REGISTRY)
     for name, opts in cases:
         p = REGISTRY[name](**opts)
