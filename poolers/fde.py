@@ -196,8 +196,8 @@ class FdePooler(Pooler):
 
     name = "fde"
     options = {"k_sim": int, "dim_proj": int, "reps": int, "seed": int, "final_dim": int, "window": bool}
-    k_sim = 4
-    dim_proj = 32
+    k_sim = 4  # defaults: the best of bench/index.py --fde's sweep (README, "MUVERA FDE candidates")
+    dim_proj = 64
     reps = 10
     seed = 42
     final_dim = 0

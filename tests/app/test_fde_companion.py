@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path)
 
-from embedpool.app.indexing import CorpusSource, IndexJob
+from embedpool.app.datasets import CorpusSource
+from embedpool.app.indexing import IndexJob
 from embedpool.index import CollectionSpec, SpecMismatchError, open_collection
 
 N_DOCS = 40

@@ -166,9 +166,10 @@ def scifact_slice(data_dir):
 
 
 def test_fde_inner_product_tracks_maxsim_on_real_token_states(embedder, scifact_slice):
-    """Spearman of <FDE(q), FDE(d)> with exact MaxSim over every (query, document) pair of the
-    slice, per query (the ranking a candidate generator must preserve) and pooled over all
-    pairs, at the default parameters; the documents FDEs as the pipeline makes them (L2-normalized)."""
+    """Spearman of <FDE(q), FDE(d)> with exact MaxSim over the (query, document) pairs of the slice,
+    per query (the ranking a candidate generator must preserve; pooled over all queries it is
+    lower, ~0.63 in bench/index.py --fde, as MaxSim and FDE scale differently with the query),
+    at the default parameters; document FDEs as the pipeline makes them (L2-normalized)."""
     queries, docs = scifact_slice
     qr = embedder.embed(queries, ["tokens", "fde"], role="query")
     dr = embedder.embed(docs, ["tokens", "fde"], role="document")
@@ -176,7 +177,6 @@ def test_fde_inner_product_tracks_maxsim_on_real_token_states(embedder, scifact_
     approx = qr.matrix("fde") @ dr.matrix("fde").T
     per_query = [spearmanr(m, a).statistic for m, a in zip(maxsim, approx)]
     assert np.mean(per_query) >= 0.8, np.round(per_query, 3)
-    assert spearmanr(maxsim.ravel(), approx.ravel()).statistic >= 0.8
     # the FDE pooler of the token states equals the encoding of the tokens pooler's vectors
     ref = embedder.pooler("fde").encode_sets(dr.vectors["tokens"][:4], "document")
     np.testing.assert_allclose(dr.matrix("fde")[:4], ref / np.linalg.norm(ref, axis=1, keepdims=True), atol=1e-5)
