@@ -35,7 +35,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-NBITS = (2, 4)
+NBITS = (4,)  # fast-plaid's default
 
 
 def folder_bytes(path: Path) -> int:
@@ -83,7 +83,7 @@ def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> 
     qf = fde.encode_sets(q_tokens, "query")
     qf /= np.linalg.norm(qf, axis=1, keepdims=True)
     rows = []
-    configs = [("tokens", "float32", None, "exhaustive"), ("tokens", "int8", "fde", 100),
+    configs = [("tokens", "int8", "fde", 100),
                ("cluster:pool_factor=4", "int8", "mean", 100), ("cluster:pool_factor=4", "int8", "fde", 100),
                ("cluster:pool_factor=16", "int8", "mean", 100)]
     for i, (pooler, precision, companion, n) in enumerate(configs):

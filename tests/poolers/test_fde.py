@@ -119,12 +119,13 @@ def test_final_projection_is_a_scaled_random_sign_matrix():
 
 
 def test_cost_is_linear_in_the_number_of_tokens():
-    """A 20,000-vector document: FDE time grows about linearly from 2,000 vectors (not
-    quadratically), and the result is still the definition's (the fill needs no token pairs)."""
+    """A 20,000-vector document: FDE time grows about linearly from 5,000 vectors (4x the vectors:
+    well under the 16x of a quadratic cost), and the result is still the definition's (the fill
+    needs no token pairs)."""
     rng = np.random.default_rng(5)
     f = build_pooler("fde").encoder(384)
     big = rng.standard_normal((20_000, 384)).astype(np.float32)
-    small = big[:2_000]
+    small = big[:5_000]
 
     def best(x):
         ts = []
@@ -134,7 +135,7 @@ def test_cost_is_linear_in_the_number_of_tokens():
             ts.append(time.perf_counter() - t)
         return min(ts)
 
-    assert best(big) < 25 * best(small)
+    assert best(big) < 8 * best(small)
     tiny = FDE(384, 2, 4, 1, seed=1)
     gs, ss = _matrices(tiny)
     np.testing.assert_allclose(tiny.encode([big[:3000]], "document")[0],
