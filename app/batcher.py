@@ -151,7 +151,6 @@ class Batcher:
         self._rate = 0.0  # inputs per second, moving average (for Retry-After)
         encoder = getattr(embedder, "encoder", None)
         self._cap = int(getattr(encoder, "max_length", 0) or 0) or None
-        self._counter: Callable[[list[str]], list[int]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Batcher":
@@ -186,12 +185,10 @@ class Batcher:
     def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
         """Exact standard-plan token counts (thread-safe; the server calls it off the worker, so
         tokenizing the next requests overlaps the forward pass of the current round)."""
-        if self._counter is None:
-            encoder = getattr(self.embedder, "encoder", None)
-            if encoder is None or not hasattr(encoder, "token_counter"):
-                return None
-            self._counter = encoder.token_counter()
-        return self._counter(list(texts)) if texts else None
+        encoder = getattr(self.embedder, "encoder", None)
+        if encoder is None or not texts:
+            return None
+        return list(encoder.count_tokens(list(texts)))
 
     def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
                normalize: bool = True, dimensions: int | None = None, truncate: bool = True,

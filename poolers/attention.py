@@ -243,6 +243,9 @@ class AttentionPooler(Pooler):
             config["weights"] = str(Path(path) / weights)
         return cls(**config)
 
+    def n_vectors(self, rows: list[int], role: str) -> int:
+        return self.queries
+
     @property
     def roles(self) -> str:
         """``shared`` (one head for queries and documents) or ``separate``."""

@@ -151,6 +151,27 @@ class Pooler(Configurable):
         unless the pooler is ``role_aware`` (``cluster`` leaves query tokens unpooled)."""
         return self.pool(states)
 
+    # A text with more windows than one forward batch holds comes in several batches (see
+    # TokenStates.continued); its result is merged from one part per batch, so that no pooler
+    # ever holds more than a batch of token states.
+    def part(self, states: TokenStates, pooled: Tensor | list[Tensor]) -> Any:
+        """What :meth:`merge` needs of a batch that holds part of one text's windows
+        (``pooled``: this pooler's output for that batch). Default: the output itself."""
+        return pooled[0]
+
+    def merge(self, parts: list[Any]) -> Tensor:
+        """One text's result from its :meth:`part` of each batch, in window order. Default:
+        multi-vector outputs are concatenated (they pool every window on its own); a
+        single-vector pooler on a windowing plan must say how its parts combine."""
+        if self.multi_vector:
+            return torch.cat(parts)
+        raise NotImplementedError(f"pooler {self.name!r} cannot pool a text spread over several batches")
+
+    def n_vectors(self, rows: list[int], role: str) -> int:
+        """How many vectors :meth:`pool_role` returns for one text whose rows (windows) have
+        these lengths: known before the forward pass (request limits). One by default."""
+        return 1
+
     def __repr__(self) -> str:
         return f"<pooler {self.spec}>"
 
@@ -220,6 +241,26 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
     if cls.binds_model:
         pooler.bind(model_id)
     return pooler
+
+
+class WeightedMeanPooler(Pooler):
+    """A weighted mean of token states (``mean``, ``landmark``): subclasses give the
+    weights. A text's windows in several batches merge into the mean over all of them."""
+
+    def weights(self, states: TokenStates) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def pool(self, states: TokenStates) -> Tensor:
+        w = self.weights(states)
+        return rows_to_texts(masked_mean(states.hidden, w), states, w)
+
+    def part(self, states: TokenStates, pooled: Tensor) -> tuple[Tensor, Tensor]:
+        return pooled[0], self.weights(states).to(pooled.dtype).sum()
+
+    def merge(self, parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+        total = torch.stack([w for _, w in parts])
+        means = torch.stack([m for m, _ in parts])
+        return (means * total[:, None]).sum(0) / torch.clamp(total.sum(), min=1e-9)
 
 
 def masked_mean(hidden: Tensor, weights: Tensor) -> Tensor:

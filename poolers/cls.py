@@ -19,5 +19,10 @@ class ClsPooler(Pooler):
         first = states.hidden[:, 0]
         if states.one_row_per_text:
             return first
-        rows = [states.text_index.tolist().index(t) for t in range(states.n_texts)]
-        return first[rows]
+        rows: dict[int, int] = {}
+        for r, t in enumerate(states.text_index.tolist()):
+            rows.setdefault(t, r)
+        return first[[rows[t] for t in range(states.n_texts)]]
+
+    def merge(self, parts: list[Tensor]) -> Tensor:
+        return parts[0]

@@ -4,6 +4,13 @@ similar tokens, reproducing sentence-transformers' ``HierarchicalTokenPooling``.
 For each text: L2-normalize its token states; keep the first ``protected`` tokens as they are;
 Ward-link the rest on cosine distance, cut the tree into ``max(n // pool_factor, 1)`` clusters
 and replace each cluster by the plain mean of its (normalized) tokens.
+
+A text longer than the model's window (``window=true``) is clustered window by window, each
+window (a ``[CLS] … [SEP]`` sequence of at most the model's window) exactly as a text of its
+own, and the windows' vectors are concatenated in order. Ward linkage needs the ``n × n``
+distance matrix of what it clusters and ``O(n²)`` time, so clustering a whole 37k-token text at
+once took 20 GB; per window, cost and memory are linear in the text's length. A window of
+``n`` tokens gives ``protected + max((n - protected) // pool_factor, 1)`` vectors.
 """
 
 from __future__ import annotations
@@ -20,11 +27,19 @@ from embedpool.poolers.states import TokenStates
 from embedpool.poolers.tokens import TokenVectorPooler, normalized_tokens
 
 
+def n_clusters(n: int, pool_factor: float, protected: int = 1) -> int:
+    """Vectors :func:`cluster_tokens` makes of ``n`` tokens: all of them when there are too few
+    to merge, else the protected ones plus ``max((n - protected) // pool_factor, 1)`` clusters."""
+    rest = max(n - protected, 0)
+    k = max(int(rest // pool_factor), 1)
+    return n if k >= rest else protected + k
+
+
 def cluster_tokens(tokens: Tensor, pool_factor: float, protected: int = 1) -> Tensor:
-    """Pool one text's normalized tokens ``[n, D]`` into ``[m, D]`` (protected first, then
+    """Pool one sequence's normalized tokens ``[n, D]`` into ``[m, D]`` (protected first, then
     cluster means in order of first appearance of the cluster label as fcluster numbers it)."""
     rest = tokens[protected:]
-    if max(int(rest.shape[0] // pool_factor), 1) >= rest.shape[0]:
+    if n_clusters(tokens.shape[0], pool_factor, protected) == tokens.shape[0]:
         return tokens
     # Same arithmetic as the reference: float32 cosine distance, clamped, condensed.
     dist = (1 - torch.mm(rest, rest.t())).clamp_(0, 2).numpy()
@@ -35,10 +50,9 @@ def _cluster_from_distances(tokens: np.ndarray, dist: np.ndarray, pool_factor: f
     """Ward-cluster ``tokens[protected:]`` given their ``[n, n]`` cosine distances (numpy only:
     no torch op per text, whose thread-pool dispatch dominates on small matrices)."""
     keep, rest = tokens[:protected], tokens[protected:]
-    n = rest.shape[0]
-    k = max(int(n // pool_factor), 1)
-    if k >= n:
+    if n_clusters(tokens.shape[0], pool_factor, protected) == tokens.shape[0]:
         return tokens
+    k = max(int(rest.shape[0] // pool_factor), 1)
     condensed = squareform(np.ascontiguousarray(dist), checks=False)
     labels = fcluster(linkage(condensed, method="ward"), t=k, criterion="maxclust")
     uniq, inverse = np.unique(labels, return_inverse=True)
@@ -51,28 +65,29 @@ def _cluster_from_distances(tokens: np.ndarray, dist: np.ndarray, pool_factor: f
 
 
 def cluster_batch(states: TokenStates, pool_factor: float, protected: int = 1) -> list[Tensor]:
-    """:func:`cluster_tokens` for every text of a batch, with the batch's token normalization
-    and distance matrices computed in three batched torch ops instead of several per text.
+    """:func:`cluster_tokens` for every row (window) of a batch, each text's rows concatenated
+    in order. Token normalization and distance matrices come from three batched torch ops
+    instead of several per row; the distances take ``R × T²`` floats, i.e. the batch's token
+    budget times the window, whatever the length of its texts.
 
-    Falls back to the per-text path when a text spans several rows (landmark windows) or its
-    tokens are not a prefix of its row.
+    Rows whose tokens are not a prefix of the row take the per-row path.
     """
     mask = states.attention_mask.bool()
     lengths = mask.sum(1)
-    contiguous = bool((mask == (torch.arange(mask.shape[1])[None, :] < lengths[:, None])).all())
-    if not states.one_row_per_text or not contiguous:
-        return [cluster_tokens(t, pool_factor, protected) for t in normalized_tokens(states)]
-    order = states.text_index.tolist()
     normed = torch.nn.functional.normalize(states.hidden.float(), dim=-1)
+    contiguous = bool((mask == (torch.arange(mask.shape[1])[None, :] < lengths[:, None])).all())
+    if not contiguous:
+        return states.rows_by_text([cluster_tokens(normed[r][mask[r]], pool_factor, protected)
+                                    for r in range(normed.shape[0])])
     rest = normed[:, protected:]
     dist = torch.bmm(rest, rest.transpose(1, 2)).neg_().add_(1).clamp_(0, 2).numpy()
     normed_np = normed.numpy()
-    out: list[Tensor | None] = [None] * states.n_texts
+    per_row = []
     for r, n in enumerate(lengths.tolist()):
         m = max(n - protected, 0)
         pooled = _cluster_from_distances(normed_np[r, :n], dist[r, :m, :m], pool_factor, protected)
-        out[order[r]] = torch.from_numpy(np.ascontiguousarray(pooled))
-    return out
+        per_row.append(torch.from_numpy(np.ascontiguousarray(pooled)))
+    return states.rows_by_text(per_row)
 
 
 @register
@@ -84,8 +99,8 @@ class ClusterPooler(TokenVectorPooler):
         protected: leading tokens kept out of clustering (default 1, the ``[CLS]``).
         pool_queries: also cluster query tokens (default false: as in PyLate and the paper,
             only documents are pooled and a query keeps all its token vectors).
-        window: cluster the tokens of every window of a long input together (default:
-            truncate at the model's window).
+        window: keep every window of a long input, each clustered on its own (default:
+            truncate at the model's window). Each window keeps its own protected ``[CLS]``.
     """
 
     name = "cluster"
@@ -109,3 +124,8 @@ class ClusterPooler(TokenVectorPooler):
         if role == "query" and not self.pool_queries:
             return normalized_tokens(states)
         return self.pool(states)
+
+    def n_vectors(self, rows: list[int], role: str) -> int:
+        if role == "query" and not self.pool_queries:
+            return sum(rows)
+        return sum(n_clusters(n, self.pool_factor, self.protected) for n in rows)

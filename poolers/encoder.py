@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -205,6 +206,10 @@ class FrozenEncoder:
             self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
             self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
         self.stats = EncoderStats()
+        # The fast tokenizer's truncation setting is state of the Rust object, changed by calls
+        # that ask for another one; concurrent calls (the server counts a request's tokens while
+        # its worker encodes) would race on it ("Already borrowed"), so tokenization is serialized.
+        self._tokenizer_lock = threading.Lock()
         self._load_path(precision, calibration)
 
     def _load_path(self, precision: str, calibration: Sequence[str] | None) -> None:
@@ -237,11 +242,16 @@ class FrozenEncoder:
             return self.prompt_names[prompt_name]
         return self.prompts.get(role or "", "")
 
+    def _tokenizer_call(self, texts, **kwargs) -> dict:
+        """The tokenizer on ``texts`` (serialized: see ``_tokenizer_lock``)."""
+        with self._tokenizer_lock:
+            return self.tokenizer(texts, **kwargs)
+
     def _tokenize_standard(self, texts: Sequence[str], prompt: str, truncate: bool,
                            direction: str = "right") -> list[_Row]:
         full = [prompt + t for t in texts]
         cut_right = truncate and direction == "right"
-        enc = self.tokenizer(
+        enc = self._tokenizer_call(
             full,
             add_special_tokens=True,
             truncation=cut_right,
@@ -277,13 +287,13 @@ class FrozenEncoder:
 
     def _prompt_tokens(self, prompt: str) -> int:
         """Tokens the prompt adds after ``[CLS]`` (0 without a prompt)."""
-        return len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
+        return len(self._tokenizer_call(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
 
     def _tokenize_windowed(self, texts: Sequence[str], prompt: str) -> list[_Row]:
         """The standard layout, but an input over the window becomes consecutive windows of
         ``max_length - 2`` tokens, each ``[CLS] … [SEP]``; the first window is exactly the
         standard (truncated) sequence."""
-        enc = self.tokenizer(
+        enc = self._tokenizer_call(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
         )
@@ -307,7 +317,7 @@ class FrozenEncoder:
         per_window = (self.max_length - 1) // (g + 1)
         if per_window < 1:
             raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
-        enc = self.tokenizer(
+        enc = self._tokenizer_call(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
         )
@@ -357,35 +367,21 @@ class FrozenEncoder:
             out[r.text].append(Window(list(r.ids), list(r.special), list(r.landmark), r.span))
         return out
 
-    def count_tokens(self, texts: Sequence[str], tokenizer=None) -> list[int]:
-        """Tokens each text would occupy under the standard plan (after truncation)."""
-        enc = (tokenizer or self.tokenizer)(list(texts), add_special_tokens=True, truncation=True,
-                                            max_length=self.max_length, return_attention_mask=False,
-                                            return_token_type_ids=False, verbose=False)
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens each text would occupy under the standard plan (after truncation); safe from
+        any thread (tokenization is serialized)."""
+        enc = self._tokenizer_call(list(texts), add_special_tokens=True, truncation=True,
+                                   max_length=self.max_length, return_attention_mask=False,
+                                   return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def lengths(self, texts: Sequence[str], role: str | None = None, prompt_name: str | None = None) -> list[int]:
         """Tokens each text (with its prompt and the special tokens) has before any truncation:
         over ``max_length``, ``truncate=False`` refuses it."""
         prompt = self.prompt_for(role, prompt_name)
-        enc = self.tokenizer([prompt + t for t in _check_texts(texts)], add_special_tokens=True,
+        enc = self._tokenizer_call([prompt + t for t in _check_texts(texts)], add_special_tokens=True,
                              return_attention_mask=False, return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
-
-    def token_counter(self):
-        """:meth:`count_tokens` for use from other threads while this encoder runs: its own
-        tokenizer copy (a fast tokenizer's truncation state must not be shared with the thread
-        that encodes) behind a lock."""
-        import copy
-        import threading
-
-        tok, lock = copy.deepcopy(self.tokenizer), threading.Lock()
-
-        def count(texts: Sequence[str]) -> list[int]:
-            with lock:
-                return self.count_tokens(texts, tok)
-
-        return count
 
     # ------------------------------------------------------------------ forward
     def _forward(self, rows: list[_Row], all_layers: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -425,6 +421,13 @@ class FrozenEncoder:
         ``prompt_name`` picks one of the model's prompts by name instead of the ``role``'s;
         ``truncation_direction`` (``right`` or ``left``) is the end the standard plan cuts an
         over-long input at (the prompt is kept either way).
+
+        The windows of one text share a batch when they fit in the budget. A longer text is
+        forwarded alone in consecutive budget-sized batches, its windows in order, every one
+        but the last with ``states.continued`` set: poolers pool each batch, and
+        :meth:`poolers.base.Pooler.merge` joins the parts. So no forward call exceeds the
+        budget, however long the text (a 64k-token text in one call would hold ~250 windows'
+        attention scores at once).
         """
         texts = _check_texts(texts)
         self.stats.passes += 1
@@ -433,53 +436,68 @@ class FrozenEncoder:
             return
         rows = self.tokenize(texts, plan, role, truncate, prompt_name=prompt_name,
                              truncation_direction=truncation_direction)
-        # Keep all windows of one text in the same batch, so a text is pooled in one place.
+        for batch, row_ids, continued in self._batches(rows):
+            batch_rows = [rows[r] for r in row_ids]
+            yield batch, self._states(batch, batch_rows, plan, all_layers, continued)
+
+    def _states(self, batch: list[int], batch_rows: list[_Row], plan: Plan, all_layers: bool,
+                continued: bool) -> TokenStates:
+        """Forward ``batch_rows`` (the rows of the texts ``batch``) and wrap their states."""
+        hidden, mask, layers = self._forward(batch_rows, all_layers)
+        special = torch.zeros_like(mask)
+        landmark = torch.zeros_like(mask)
+        text_pos = {t: i for i, t in enumerate(batch)}
+        text_index = torch.tensor([text_pos[r.text] for r in batch_rows])
+        pool_mask = mask
+        if not self.include_prompt and any(r.prompt_len for r in batch_rows):
+            pool_mask = mask.clone()
+        for i, r in enumerate(batch_rows):
+            special[i, : len(r.special)] = torch.tensor(r.special)
+            landmark[i, : len(r.landmark)] = torch.tensor(r.landmark)
+            if pool_mask is not mask and r.prompt_len:
+                pool_mask[i, 1 : 1 + r.prompt_len] = 0
+        return TokenStates(
+            hidden=hidden,
+            attention_mask=mask,
+            special_tokens_mask=special,
+            landmark_mask=landmark if plan.kind == "landmark" else None,
+            pool_mask=pool_mask,
+            text_index=text_index,
+            n_texts=len(batch),
+            layers=layers,
+            continued=continued,
+        )
+
+    def _batches(self, rows: list[_Row]) -> Iterator[tuple[list[int], list[int], bool]]:
+        """``(texts, rows, continued)`` token-budget batches, longest row first: texts with all
+        their windows while they fit; a text whose windows exceed the budget on its own is
+        split into consecutive batches of whole windows (``continued`` on all but its last)."""
         by_text: dict[int, list[int]] = {}
         for r, row in enumerate(rows):
             by_text.setdefault(row.text, []).append(r)
-        for batch in self._batches(rows, by_text):
-            batch_rows = [rows[r] for t in batch for r in by_text[t]]
-            hidden, mask, layers = self._forward(batch_rows, all_layers)
-            special = torch.zeros_like(mask)
-            landmark = torch.zeros_like(mask)
-            text_pos = {t: i for i, t in enumerate(batch)}
-            text_index = torch.tensor([text_pos[r.text] for r in batch_rows])
-            pool_mask = mask
-            if not self.include_prompt and any(r.prompt_len for r in batch_rows):
-                pool_mask = mask.clone()
-            for i, r in enumerate(batch_rows):
-                special[i, : len(r.special)] = torch.tensor(r.special)
-                landmark[i, : len(r.landmark)] = torch.tensor(r.landmark)
-                if pool_mask is not mask and r.prompt_len:
-                    pool_mask[i, 1 : 1 + r.prompt_len] = 0
-            yield batch, TokenStates(
-                hidden=hidden,
-                attention_mask=mask,
-                special_tokens_mask=special,
-                landmark_mask=landmark if plan.kind == "landmark" else None,
-                pool_mask=pool_mask,
-                text_index=text_index,
-                n_texts=len(batch),
-                layers=layers,
-            )
-
-    def _batches(self, rows: list[_Row], by_text: dict[int, list[int]]) -> Iterator[list[int]]:
-        """Texts (with all their windows) in token-budget batches, longest row first."""
         longest = {t: max(len(rows[r].ids) for r in rs) for t, rs in by_text.items()}
         order = sorted(by_text, key=lambda t: (-longest[t], t))
+        budget = self.max_batch_tokens
         batch: list[int] = []
-        n_rows = width = 0
+        batch_rows: list[int] = []
+        width = 0
         for t in order:
-            k = len(by_text[t])
+            rs = by_text[t]
             w = max(width, longest[t])
-            if batch and w * (n_rows + k) > self.max_batch_tokens:
-                yield batch
-                batch, n_rows, w = [], 0, longest[t]
+            if batch and w * (len(batch_rows) + len(rs)) > budget:
+                yield batch, batch_rows, False
+                batch, batch_rows, w = [], [], longest[t]
+            if len(rs) > 1 and longest[t] * len(rs) > budget:
+                per = max(1, budget // longest[t])
+                for s in range(0, len(rs), per):
+                    yield [t], rs[s:s + per], s + per < len(rs)
+                width = 0
+                continue
             batch.append(t)
-            n_rows += k
+            batch_rows += rs
             width = w
         if batch:
-            yield batch
+            yield batch, batch_rows, False
 
 
 def _run_length(flags: Sequence[int]) -> int:

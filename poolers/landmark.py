@@ -4,7 +4,9 @@
 without specials, a ``[SEP]`` is appended after every chunk of ``g`` tokens (the last chunk
 included) and ``[CLS]`` is prepended; the embedding is the mean of the landmark states, the
 ``[CLS]`` state left out. Inputs longer than the encoder window are encoded as several windows
-(see :class:`poolers.encoder.FrozenEncoder`) and the landmarks of all windows are averaged.
+(see :class:`poolers.encoder.FrozenEncoder`) and the landmarks of all windows are averaged; a
+text with more windows than one forward batch is averaged batch by batch (weighted by each
+batch's landmark count), so its cost and memory are linear in its length.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.base import Pooler, masked_mean, register, rows_to_texts
+from embedpool.poolers.base import WeightedMeanPooler, register
 from embedpool.poolers.encoder import Plan
 from embedpool.poolers.states import TokenStates
 
 
 @register
-class LandmarkPooler(Pooler):
+class LandmarkPooler(WeightedMeanPooler):
     """Mean of the landmark states.
 
     Args:
@@ -33,8 +35,7 @@ class LandmarkPooler(Pooler):
     def plan(self) -> Plan:
         return Plan("landmark", self.g)
 
-    def pool(self, states: TokenStates) -> Tensor:
+    def weights(self, states: TokenStates) -> Tensor:
         if states.landmark_mask is None:
             raise InvalidError("landmark pooling needs token states from the landmark tokenization plan")
-        w = states.landmark_mask
-        return rows_to_texts(masked_mean(states.hidden, w), states, w)
+        return states.landmark_mask

@@ -22,3 +22,6 @@ class MaxPooler(Pooler):
             return per_row
         out = torch.full((states.n_texts, per_row.shape[-1]), float("-inf"))
         return out.index_reduce_(0, states.text_index, per_row, "amax")
+
+    def merge(self, parts: list[Tensor]) -> Tensor:
+        return torch.stack(parts).amax(0)

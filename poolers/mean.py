@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embedpool.poolers.base import Pooler, masked_mean, register, rows_to_texts
+from embedpool.poolers.base import WeightedMeanPooler, register
 from embedpool.poolers.states import TokenStates
 
 
 @register
-class MeanPooler(Pooler):
+class MeanPooler(WeightedMeanPooler):
     """Masked mean over tokens.
 
     Args:
@@ -25,7 +25,3 @@ class MeanPooler(Pooler):
         if self.include_special:
             return states.pool_mask
         return states.pool_mask * (1 - states.special_tokens_mask)
-
-    def pool(self, states: TokenStates) -> Tensor:
-        w = self.weights(states)
-        return rows_to_texts(masked_mean(states.hidden, w), states, w)

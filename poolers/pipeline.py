@@ -39,6 +39,32 @@ class EmbedResult:
         return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
 
+@dataclass
+class Workload:
+    """What a call of :meth:`Embedder.embed` would run and return, known before it runs.
+
+    ``tokens[i]`` counts the tokens text ``i`` takes through the encoder over every plan the
+    poolers need (all windows of a windowed or landmark plan); ``vectors`` the vectors all
+    poolers return for all texts."""
+
+    tokens: list[int]
+    vectors: int
+
+
+def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
+    """``pooler``'s output per text of a forward batch; for a text split over several batches
+    (``states.continued``), ``None`` while its parts gather in ``parts``, then their merge."""
+    pooled = pooler.pool_role(states, role)
+    if not (states.continued or parts):
+        return pooled
+    parts.append(pooler.part(states, pooled))
+    if states.continued:
+        return None
+    merged = [pooler.merge(parts)]
+    parts.clear()
+    return merged
+
+
 def postprocess(x: Tensor, normalize: bool, dimensions: int | None) -> Tensor:
     """Matryoshka truncation, then L2 normalization, on the last axis."""
     if dimensions is not None:
@@ -101,6 +127,34 @@ class Embedder:
         if not 1 <= dimensions <= self.dim:
             raise InvalidError(f"dimensions must be between 1 and the model's {self.dim}, got {dimensions}")
 
+    def _plans(self, poolers: Sequence[str] | str | None) -> tuple[dict[str, Pooler], dict[Plan, list[str]]]:
+        """The built poolers per spec, and the specs of each tokenization plan."""
+        if poolers is None or isinstance(poolers, str):
+            poolers = [poolers] if poolers else [self.default_pooler]
+        built = {spec: self.pooler(spec) for spec in poolers}
+        by_plan: dict[Plan, list[str]] = {}
+        for spec, p in built.items():
+            by_plan.setdefault(p.plan, []).append(spec)
+        return built, by_plan
+
+    def measure(self, texts: Sequence[str], poolers: Sequence[str] | str | None = None,
+                role: str = "document", truncate: bool = True, **options) -> Workload:
+        """The tokens and vectors :meth:`embed` would run and return for these arguments
+        (``options``: ``prompt_name``, ``truncation_direction``), from tokenization alone (no
+        forward pass): what request limits check. Raises what :meth:`embed` would for an input
+        it refuses (e.g. too long with ``truncate=False``)."""
+        if isinstance(texts, str):
+            raise InvalidTypeError("texts must be a list of strings, not a single string")
+        built, by_plan = self._plans(poolers)
+        tokens = [0] * len(texts)
+        vectors = 0
+        for plan, specs in by_plan.items():
+            for i, windows in enumerate(self.encoder.windows(texts, plan, role, truncate, **options)):
+                rows = [len(w.ids) for w in windows]
+                tokens[i] += sum(rows)
+                vectors += sum(built[spec].n_vectors(rows, role) for spec in specs)
+        return Workload(tokens, vectors)
+
     def embed(
         self,
         texts: Sequence[str],
@@ -126,7 +180,8 @@ class Embedder:
                 not applied to poolers with a size of their own (``fde``).
             truncate: cut inputs at the model's window (standard plan); ``False`` raises on
                 an over-long input instead. The landmark plan windows and never truncates.
-            on_batch: called with ``(texts_done, tokens)`` after each forward batch.
+            on_batch: called with ``(texts_done, tokens)`` after each forward batch (a text
+                split over several batches is done at its last).
             on_pool: called with ``(spec, seconds)`` after each pooler has pooled (and
                 post-processed) a forward batch: the pooler's own time, apart from the forward
                 pass its plan shares with the other poolers of the call.
@@ -139,30 +194,26 @@ class Embedder:
         if role not in ROLES:
             raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         self.check_dimensions(dimensions)
-        if poolers is None or isinstance(poolers, str):
-            poolers = [poolers] if poolers else [self.default_pooler]
-        built = {spec: self.pooler(spec) for spec in poolers}
-        by_plan: dict[Plan, list[str]] = {}
-        for spec, p in built.items():
-            by_plan.setdefault(p.plan, []).append(spec)
+        built, by_plan = self._plans(poolers)
 
         texts = list(texts)
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
         tokens_before = self.encoder.stats.tokens
         for plan, specs in by_plan.items():
+            parts: dict[str, list] = {spec: [] for spec in specs}  # of a text split over batches
             for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate,
                                                         prompt_name=prompt_name,
                                                         truncation_direction=truncation_direction):
                 for spec in specs:
                     t0 = time.perf_counter()
-                    pooled = built[spec].pool_role(states, role)
+                    pooled = _pool_part(built[spec], states, role, parts[spec])
                     dims = dimensions if built[spec].output_dim(self.dim) is None else None
-                    for j, i in enumerate(text_ids):
+                    for j, i in enumerate(text_ids if pooled is not None else ()):
                         out[spec][i] = postprocess(pooled[j], normalize, dims).numpy().astype(np.float32, copy=False)
                     if on_pool:
                         on_pool(spec, time.perf_counter() - t0)
                 if on_batch:
-                    on_batch(len(text_ids), int(states.attention_mask.sum()))
+                    on_batch(0 if states.continued else len(text_ids), int(states.attention_mask.sum()))
         return EmbedResult(
             vectors=out,
             multi_vector={spec: bool(p.multi_vector) for spec, p in built.items()},

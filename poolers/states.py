@@ -12,9 +12,11 @@ from torch import Tensor
 class TokenStates:
     """Encoder output for one batch of texts.
 
-    A text usually occupies one row. Under the landmark plan a text longer than the
-    encoder window spans several rows (windows); ``text_index`` maps every row to its
-    text so that poolers can pool across all of a text's windows.
+    A text usually occupies one row. Under the windowed and landmark plans a text longer
+    than the encoder window spans several rows (windows); ``text_index`` maps every row to
+    its text so that poolers can pool across all of a text's windows. A text with more
+    windows than one forward batch holds spans several batches: each holds only that text,
+    and ``continued`` says that more of its windows follow in the next batch.
 
     Args:
         hidden: last hidden layer, ``[R, T, D]`` float32 (padding rows are zero-masked by
@@ -27,6 +29,8 @@ class TokenStates:
         text_index: ``[R]`` index of the text each row belongs to, in ``0..n_texts-1``.
         n_texts: number of texts in the batch.
         layers: all hidden layers ``[L+1, R, T, D]`` when asked for, else ``None``.
+        continued: the batch's one text continues in the next batch (see
+            :meth:`poolers.base.Pooler.merge`).
     """
 
     hidden: Tensor
@@ -37,6 +41,7 @@ class TokenStates:
     pool_mask: Tensor | None = None
     landmark_mask: Tensor | None = None
     layers: Tensor | None = None
+    continued: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_mask is None:
@@ -49,7 +54,38 @@ class TokenStates:
     def per_text_tokens(self, mask: Tensor | None = None) -> list[Tensor]:
         """The masked token states of each text as ``[n_i, D]`` tensors, windows concatenated."""
         mask = (self.attention_mask if mask is None else mask).bool()
+        return self.rows_by_text([self.hidden[r][mask[r]] for r in range(self.hidden.shape[0])])
+
+    def rows_by_text(self, per_row: list[Tensor]) -> list[Tensor]:
+        """Per-row ``[n_r, D]`` results joined per text (its rows in order): ``[n_i, D]``."""
         rows: list[list[Tensor]] = [[] for _ in range(self.n_texts)]
         for r, t in enumerate(self.text_index.tolist()):
-            rows[t].append(self.hidden[r][mask[r]])
+            rows[t].append(per_row[r])
         return [torch.cat(parts) if len(parts) > 1 else parts[0] for parts in rows]
+
+    @classmethod
+    def concat(cls, batches: list["TokenStates"]) -> "TokenStates":
+        """The rows of several batches as one batch (right-padded to the widest row), their
+        texts renumbered in order; the batches of a text split by the encoder (``continued``)
+        join into one text. For callers that want a text's windows in one place (tests,
+        benchmarks); the pipeline merges per-batch results instead (it never holds them all)."""
+        width = max(b.hidden.shape[1] for b in batches)
+
+        def pad(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+        index, offset = [], 0
+        for b in batches:
+            index.append(b.text_index + offset)
+            offset += b.n_texts - (1 if b.continued else 0)
+        return cls(
+            hidden=torch.cat([torch.nn.functional.pad(b.hidden, (0, 0, 0, width - b.hidden.shape[1]))
+                              for b in batches]),
+            attention_mask=torch.cat([pad(b.attention_mask) for b in batches]),
+            special_tokens_mask=torch.cat([pad(b.special_tokens_mask) for b in batches]),
+            text_index=torch.cat(index),
+            n_texts=offset + (1 if batches[-1].continued else 0),
+            pool_mask=torch.cat([pad(b.pool_mask) for b in batches]),
+            landmark_mask=None if batches[0].landmark_mask is None
+            else torch.cat([pad(b.landmark_mask) for b in batches]),
+        )

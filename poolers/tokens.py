@@ -27,6 +27,9 @@ class TokenVectorPooler(Pooler):
     def plan(self) -> Plan:
         return WINDOWED if self.window else STANDARD
 
+    def n_vectors(self, rows: list[int], role: str) -> int:
+        return sum(rows)  # one per token
+
 
 @register
 class TokensPooler(TokenVectorPooler):

@@ -47,11 +47,13 @@ def test_landmark_long_input_is_windowed_not_truncated(encoder, embedder):
         assert r.ids[0] == encoder.tokenizer.cls_token_id and r.ids[-1] == encoder.tokenizer.sep_token_id
         assert len(r.ids) <= encoder.max_length
     assert sum(sum(r.landmark) for r in rows) == -(-n_tokens // 32)  # no token left out
-    # the pooled vector is the mean of the landmark states of every window
+    # the pooled vector is the mean of the landmark states of every window; the windows are
+    # forwarded in consecutive batches within the token budget (they do not fit in one)
     states = [s for _, s in encoder.encode([words], Plan("landmark", 32))]
-    assert len(states) == 1 and states[0].hidden.shape[0] == len(rows)
-    st = states[0]
-    lm = st.hidden[st.landmark_mask.bool()]
+    assert len(states) >= 2 and sum(s.hidden.shape[0] for s in states) == len(rows)
+    assert [s.continued for s in states] == [True] * (len(states) - 1) + [False]
+    assert all(s.attention_mask.numel() <= encoder.max_batch_tokens for s in states)
+    lm = torch.cat([s.hidden[s.landmark_mask.bool()] for s in states])
     assert lm.shape[0] == -(-n_tokens // 32)
     expected = torch.nn.functional.normalize(lm.mean(0), dim=-1).numpy()
     got = embedder.embed([words], ["landmark"]).vectors["landmark"][0]

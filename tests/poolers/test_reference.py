@@ -83,3 +83,41 @@ def test_tokens_are_normalized_token_states(embedder, st_model):
     ours = embedder.embed(texts, ["tokens"], normalize=False).vectors["tokens"]
     for o, t in zip(ours, tokens):
         np.testing.assert_allclose(o, torch.nn.functional.normalize(t, dim=-1).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("pf", [2, 4])
+def test_windowed_cluster_is_hierarchical_token_pooling_per_window(pf, encoder, embedder, st_model, scifact_docs):
+    """cluster:window=true on a long text = HierarchicalTokenPooling of every window on its own
+    (sentence-transformers' transformer run on that window), concatenated in window order; the
+    text's windows span several forward batches. A text that fits one window is unchanged."""
+    from embedpool.poolers.encoder import WINDOWED
+
+    long_text = " ".join(scifact_docs[:12])
+    rows = encoder.tokenize([long_text], WINDOWED)
+    assert len(rows) * encoder.max_length > 2 * encoder.max_batch_tokens  # 3+ forward batches
+    bert = st_model[0].auto_model
+    windows = []
+    for row in rows:
+        ids = torch.tensor([row.ids])
+        with torch.inference_mode():
+            h = bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        windows.append(torch.nn.functional.normalize(h.float(), dim=-1))
+    htp = HierarchicalTokenPooling(pool_factor=pf, num_protected_tokens=1, normalize_embeddings=True)
+    ref = torch.cat(htp.pool(windows)).numpy()
+    short = scifact_docs[20][:300]
+    spec = f"cluster:pool_factor={pf},window=true"
+    out = embedder.embed([long_text, short], [spec, f"cluster:pool_factor={pf}"])
+    got = out.vectors[spec][0]
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    # about n / pool_factor vectors per window, each window keeping its [CLS]
+    assert len(got) == sum(1 + max((len(r.ids) - 1) // pf, 1) for r in rows)
+    short_ref = htp.pool([windows_of(st_model, short)])[0].numpy()
+    np.testing.assert_allclose(out.vectors[spec][1], short_ref, atol=1e-4)
+    np.testing.assert_allclose(out.vectors[spec][1], out.vectors[f"cluster:pool_factor={pf}"][1], atol=1e-5)
+
+
+def windows_of(st_model, text: str) -> torch.Tensor:
+    """sentence-transformers' normalized token states of a text that fits one window."""
+    tokens = st_model.encode([text], output_value="token_embeddings")[0]
+    return torch.nn.functional.normalize(tokens.float(), dim=-1)
