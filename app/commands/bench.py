@@ -20,6 +20,7 @@ BENCHMARKS = {
     "index": "FAISS collections: flat latency, MaxSim exhaustive vs two_stage, SciFact, Milvus",
     "serve": "HTTP service vs in-process pipeline vs Infinity, and a 64-client load run",
     "eval": "the acceptance evaluations (SciFact, STS-B, synthetic long documents)",
+    "scale": "one long document (1k-64k tokens): seconds per 1k tokens and peak RSS per pooler",
 }
 
 

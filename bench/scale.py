@@ -1,0 +1,306 @@
+"""Scale benchmark: cost and memory of one long document, as its length grows.
+
+For synthetic documents of 1k, 4k, 16k and 64k tokens (SciFact abstracts joined in file order,
+cut at the token count) and each pooler (``mean``, ``landmark``, ``tokens:window=true``,
+``cluster:pool_factor=4,window=true``), one subprocess per (size, pooler) -- so every case's
+peak RSS is its own -- loads the model, warms it up on a one-window text and times
+``Embedder.embed([document], [pooler])`` (repeated until 2 s have passed, at most 5 times;
+the fastest run, the least disturbed on a shared machine; one torch thread by default, as
+``bench/index.py``, for the same reason). It reports seconds per 1k tokens, the process's peak RSS (``ru_maxrss``: model
+load included, what a user sees) and the peak RSS growth of the embed step itself (the kernel's
+high-water mark, reset just before the step through ``/proc/self/clear_refs``, minus the RSS
+before it: exact, every allocator included, no sampling gaps).
+
+The other side, in the same run: the old ``cluster:window=true``, which Ward-clustered all
+tokens of a text at once (``--old-sizes``, default 1k, 4k and 8k tokens only: it needs
+``O(n²)`` memory -- 22 GB at 40k tokens). Its ratio of seconds per 1k tokens against the
+per-window clustering shows what the change buys.
+
+Targets (issue 12): seconds per 1k tokens at 64k within 1.5x of that at 1k, for every pooler,
+and peak RSS at 64k tokens <= 2 GB. A watchdog kills any case above 4 GB RSS.
+
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/scale.py           # ~5 min
+    .venv/bin/python bench/scale.py case --pooler mean --tokens 4000         # one case, JSON
+
+Writes ``bench/results/scale.json`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "scale.json"
+SIZES = (1_000, 4_000, 16_000, 64_000)
+POOLERS = ("mean", "landmark", "tokens:window=true", "cluster:pool_factor=4,window=true")
+OLD = "old:cluster:pool_factor=4,window=true"  # whole-text clustering, the behaviour before
+OLD_SIZES = (1_000, 4_000, 8_000)
+WATCHDOG_BYTES = 4 << 30
+TARGET_RATIO, TARGET_RSS_MB = 1.5, 2048
+
+
+# ---------------------------------------------------------------------- measuring
+class PeakRSS:
+    """Peak RSS growth of a block in process ``pid`` (default: this one): the kernel's
+    high-water mark (``VmHWM``, reset on entry by writing 5 to ``/proc/PID/clear_refs``) minus
+    ``VmRSS`` on entry, in MB. In this process, free heap memory is first returned to the
+    system (``malloc_trim``) so that the block cannot hide its allocations in memory the
+    process already held."""
+
+    def __init__(self, pid: int | str = "self") -> None:
+        self.proc = Path(f"/proc/{pid}")
+        self.own = pid == "self"
+
+    def _kb(self, key: str) -> int:
+        m = re.search(rf"^{key}:\s+(\d+) kB", (self.proc / "status").read_text(), re.M)
+        return int(m.group(1)) if m else 0
+
+    def __enter__(self) -> "PeakRSS":
+        if self.own:
+            try:
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            except OSError:
+                pass
+        (self.proc / "clear_refs").write_text("5")
+        self.before_mb = self._kb("VmRSS") / 1024
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak_mb = self._kb("VmHWM") / 1024
+        self.growth_mb = self.peak_mb - self.before_mb
+
+    def report(self) -> dict:
+        return {"step_rss_before_mb": round(self.before_mb, 1), "step_peak_rss_mb": round(self.peak_mb, 1),
+                "step_rss_growth_mb": round(self.growth_mb, 1)}
+
+
+def synthetic_document(n_tokens: int, tokenizer) -> str:
+    """SciFact abstracts (``title + " " + text``, file order) joined with blank lines and cut
+    where the tokenizer's ``n_tokens``-th token ends: a realistic long document."""
+    from scifact_data import load_scifact
+
+    texts, parts, chars = load_scifact().all_doc_texts, [], 0
+    for t in texts:
+        parts.append(t)
+        chars += len(t)
+        if chars > n_tokens * 8:  # SciFact has ~4-5 characters per token
+            break
+    text = "\n\n".join(parts)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    if len(enc["input_ids"]) < n_tokens:
+        raise ValueError(f"SciFact is too short for a {n_tokens}-token document")
+    return text[: enc["offset_mapping"][n_tokens - 1][1]]
+
+
+def run_case(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), threads: int = 0) -> list[dict]:
+    """Cases of one (pooler, size) in this process, one dict per mode: ``embed`` (the pipeline,
+    forward included), ``pool`` (the pooler alone, on all the text's windows in one batch of
+    token states) or ``old`` (the old whole-text clustering: every token in one Ward linkage)."""
+    import torch
+
+    from embedpool.poolers import Embedder, FrozenEncoder
+
+    if threads:
+        torch.set_num_threads(threads)
+    encoder = FrozenEncoder()
+    embedder = Embedder(encoder)
+    doc = synthetic_document(n_tokens, encoder.tokenizer)
+    spec = pooler.removeprefix("old:")
+    embedder.embed([doc[:1000]], [spec])  # warm-up: kernels, thread pools
+    work = embedder.measure([doc], [spec])
+    results = []
+    for mode in modes:
+        out = {"pooler": pooler, "mode": mode, "tokens": n_tokens, "encoded_tokens": sum(work.tokens),
+               "expected_vectors": work.vectors, "torch_threads": torch.get_num_threads()}
+        calls = encoder.stats.forward_calls
+        out.update(_measure_pool(embedder, doc, spec) if mode == "pool" else _measure_embed(embedder, doc, spec, mode))
+        import resource
+
+        out.update(peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                   forward_calls=encoder.stats.forward_calls - calls, max_batch_tokens=encoder.max_batch_tokens)
+        results.append(out)
+    return results
+
+
+def _measure_pool(embedder, doc: str, spec: str) -> dict:
+    from embedpool.poolers import TokenStates
+
+    p = embedder.pooler(spec)
+    states = TokenStates.concat([s for _, s in embedder.encoder.encode([doc], p.plan)])
+    with PeakRSS() as peak:
+        pooled = p.pool(states)
+    return {"vectors": int(pooled[0].shape[0]) if p.multi_vector else 1, "rows": int(states.hidden.shape[0]),
+            **peak.report()}
+
+
+def _measure_embed(embedder, doc: str, spec: str, mode: str, min_seconds: float = 2.0, max_reps: int = 5) -> dict:
+    """Time ``embed`` (``old``: tokens, then all of them clustered at once) until ``min_seconds``
+    have passed or ``max_reps`` runs; the fastest run (the least disturbed on a shared machine)."""
+    import torch
+
+    from embedpool.poolers.cluster import cluster_tokens
+
+    p = embedder.pooler(spec)
+
+    def once():
+        if mode == "embed":
+            return embedder.embed([doc], [spec]).vectors[spec][0]
+        tokens = embedder.embed([doc], ["tokens:window=true"]).vectors["tokens:window=true"][0]
+        return cluster_tokens(torch.from_numpy(tokens), p.pool_factor, p.protected).numpy()
+
+    times = []
+    with PeakRSS() as peak:
+        t0 = time.perf_counter()
+        vecs = once()
+        times.append(time.perf_counter() - t0)
+    while sum(times) < min_seconds and len(times) < max_reps:
+        t0 = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t0)
+    n_tokens = len(embedder.encoder.tokenizer(doc, add_special_tokens=False, verbose=False)["input_ids"])
+    return {"seconds": min(times), "seconds_median": statistics.median(times), "reps": len(times),
+            "s_per_1k_tokens": min(times) / (n_tokens / 1000), "vectors": int(vecs.shape[0]) if vecs.ndim == 2 else 1,
+            **peak.report()}
+
+
+def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), threads: int = 0,
+                      env: dict | None = None, limit_bytes: int = WATCHDOG_BYTES, timeout: float = 900) -> list[dict]:
+    """:func:`run_case` in a fresh interpreter, killed if its RSS passes ``limit_bytes``."""
+    import psutil
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "case", "--pooler", pooler,
+           "--tokens", str(n_tokens), "--threads", str(threads), "--mode", *modes]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    ps, deadline, killed = psutil.Process(proc.pid), time.monotonic() + timeout, None
+    while proc.poll() is None:
+        try:
+            rss = ps.memory_info().rss
+        except psutil.NoSuchProcess:
+            break
+        if rss > limit_bytes or time.monotonic() > deadline:
+            killed = f"RSS {rss / 2**20:.0f} MB" if rss > limit_bytes else "timeout"
+            proc.kill()
+            break
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate()
+    if killed:
+        return [{"pooler": pooler, "mode": m, "tokens": n_tokens, "killed": killed} for m in modes]
+    if proc.returncode:
+        raise RuntimeError(f"case {pooler} {n_tokens} failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------- report
+def machine() -> dict:
+    import torch
+
+    flags = set()
+    model = platform.processor()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+    keep = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")) or f == "f16c")
+    return {"cpu": model, "cpus": os.cpu_count(), "cpu_flags": keep,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "loadavg_start": os.getloadavg()}
+
+
+def summarize(cases: list[dict]) -> dict:
+    """Per pooler: seconds per 1k tokens at the largest vs the smallest size, peak RSS at the
+    largest size, and whether each meets its target."""
+    out = {}
+    for pooler in dict.fromkeys(c["pooler"] for c in cases):
+        mine = sorted((c for c in cases if c["pooler"] == pooler and "killed" not in c), key=lambda c: c["tokens"])
+        if not mine:
+            out[pooler] = {"killed": True}
+            continue
+        lo, hi = mine[0], mine[-1]
+        ratio = hi["s_per_1k_tokens"] / lo["s_per_1k_tokens"]
+        row = {"from_tokens": lo["tokens"], "to_tokens": hi["tokens"], "s_per_1k_ratio": round(ratio, 2),
+               "peak_rss_mb_at_max": hi["peak_rss_mb"]}
+        if not pooler.startswith("old:"):
+            row["ratio_met"] = ratio <= TARGET_RATIO
+            row["rss_met"] = hi["peak_rss_mb"] <= TARGET_RSS_MB and hi["tokens"] == max(SIZES)
+        out[pooler] = row
+    return out
+
+
+def table(cases: list[dict], summary: dict) -> str:
+    lines = ["| pooler | tokens | s / 1k tokens | peak RSS (MB) | embed step RSS growth (MB) | vectors |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for c in cases:
+        if "killed" in c:
+            lines.append(f"| `{c['pooler']}` | {c['tokens']:,} | killed ({c['killed']}) | | | |")
+            continue
+        lines.append(f"| `{c['pooler']}` | {c['tokens']:,} | {c['s_per_1k_tokens']:.3f} | {c['peak_rss_mb']:,.0f} "
+                     f"| {c['step_rss_growth_mb']:,.0f} | {c['vectors']:,} |")
+    lines += ["", "| pooler | s/1k at max ÷ s/1k at 1k (target ≤ 1.5) | peak RSS at 64k (target ≤ 2,048 MB) |",
+              "|---|---:|---:|"]
+    for pooler, s in summary.items():
+        if s.get("killed"):
+            lines.append(f"| `{pooler}` | killed | killed |")
+            continue
+        span = f"{s['from_tokens'] // 1000}k→{s['to_tokens'] // 1000}k"
+        met = (lambda ok: " met" if ok else " **missed**") if "ratio_met" in s else (lambda ok: "")
+        lines.append(f"| `{pooler}` | {s['s_per_1k_ratio']:.2f} ({span}){met(s.get('ratio_met'))} "
+                     f"| {s['peak_rss_mb_at_max']:,.0f} MB at {s['to_tokens'] // 1000}k{met(s.get('rss_met'))} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd")
+    one = sub.add_parser("case", help="run one case in this process and print its JSON")
+    one.add_argument("--pooler", required=True)
+    one.add_argument("--tokens", type=int, required=True)
+    one.add_argument("--mode", choices=["embed", "pool", "old"], nargs="+", default=["embed"])
+    for p in (ap, one):
+        p.add_argument("--threads", type=int, default=1,
+                       help="torch threads (default 1: on a small shared machine more threads spin "
+                            "against other processes and timings scatter; 0 = torch's default)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument("--poolers", nargs="+", default=list(POOLERS))
+    ap.add_argument("--old-sizes", type=int, nargs="*", default=list(OLD_SIZES),
+                    help="sizes for the old whole-text clustering (keep them small: O(n²) memory)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.cmd == "case":
+        modes = ("old",) if args.pooler.startswith("old:") else tuple(args.mode)
+        print(json.dumps(run_case(args.pooler, args.tokens, modes, args.threads)))
+        return 0
+    info = machine()
+    print(json.dumps(info))
+    cases = []
+    plan = [(p, n, "embed") for p in args.poolers for n in args.sizes] + [(OLD, n, "old") for n in args.old_sizes]
+    for pooler, n, mode in plan:
+        c, = run_in_subprocess(pooler, n, (mode,), args.threads)
+        cases.append(c)
+        print(json.dumps(c), flush=True)
+    summary = summarize(cases)
+    info["loadavg_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": info, "cases": cases, "summary": summary}, indent=2) + "\n")
+    print(table(cases, summary))
+    print(f"\nload average: start {info['loadavg_start']}, end {info['loadavg_end']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
