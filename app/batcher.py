@@ -193,14 +193,17 @@ class Batcher:
     def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
                normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
                prompt_name: str | None = None, truncation_direction: str = "right",
-               counts: Sequence[int] | None = None) -> Job:
+               counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None) -> Job:
         """Enqueue a request (thread-safe, never blocks on the encoder). ``counts``: the inputs'
-        token counts from :meth:`count_tokens`, if the caller has them (exact round budgets,
-        and the worker does not count them again)."""
+        standard-plan token counts from :meth:`count_tokens`, if the caller has them (the worker
+        does not count them again); ``est_tokens``: each text's tokens over all windows of all
+        plans, if the caller counted them (a long text under a windowing pooler then fills a
+        round of its own). Rounds are scheduled by ``est_tokens``, else ``counts``, else a
+        cheap estimate."""
         return self.submit_many([(texts, specs, {"role": role, "normalize": normalize, "dimensions": dimensions,
                                                  "truncate": truncate, "prompt_name": prompt_name,
                                                  "truncation_direction": truncation_direction,
-                                                 "counts": counts})])[0]
+                                                 "counts": counts, "est_tokens": est_tokens})])[0]
 
     def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
         """Enqueue several requests at once, next to each other in the queue, so the worker
@@ -236,12 +239,14 @@ class Batcher:
     def _job(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
              normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
              prompt_name: str | None = None, truncation_direction: str = "right",
-             counts: Sequence[int] | None = None) -> Job:
+             counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None) -> Job:
         texts = list(texts)
         cap = self._cap if truncate else None
         exact = [int(c) for c in counts] if counts is not None and len(counts) == len(texts) else None
+        if est_tokens is None or len(est_tokens) != len(texts):
+            est_tokens = exact or [estimate_tokens(t, cap) for t in texts]
         return Job(texts, list(dict.fromkeys(specs)), role, bool(normalize), dimensions, bool(truncate),
-                   exact or [estimate_tokens(t, cap) for t in texts], prompt_name, truncation_direction, exact)
+                   list(est_tokens), prompt_name, truncation_direction, exact)
 
     async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
         """Submit and await the result; cancelling the awaiting task drops the request."""

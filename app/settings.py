@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     max_client_batch: int = Field(512, ge=1, description="most inputs in one request")
     max_input_chars: int = Field(100_000, ge=1, description="longest single input, in characters")
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    max_request_tokens: int = Field(262_144, ge=1, description="most tokens one request may run through the "
+                                    "encoder, counted after windowing: every window of every tokenization plan "
+                                    "its poolers need (413 above it)")
+    max_request_vectors: int = Field(131_072, ge=1, description="most vectors one request may return, all inputs "
+                                     "and poolers together (a multi-vector pooler returns one per token or "
+                                     "cluster; 413 above it)")
     max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
     max_wait_ms: float = Field(2.0, ge=0, description="longest wait of the batcher to fill a round (only while the "
                                "previous round's clients are still to come; a lone client never waits)")

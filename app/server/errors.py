@@ -17,7 +17,9 @@ status     type                 when
 405        method_not_allowed   known route, wrong method
 409        conflict             collection exists with other settings; locked by a writer
 413        payload_too_large    body over ``max_payload_bytes``; more than
-                                ``max_client_batch`` inputs; an input over ``max_input_chars``
+                                ``max_client_batch`` inputs; an input over ``max_input_chars``;
+                                more than ``max_request_tokens`` tokens after windowing or
+                                ``max_request_vectors`` vectors in one request
 422        validation_error     a field is missing, of the wrong type or out of range
 429        overloaded           the queue is full (``Retry-After`` says when to retry)
 503        not_ready            the model is still loading (or failed to load); the storage

@@ -1,10 +1,19 @@
 """Request-size limits: the body limit (``max_payload_bytes``) as ASGI middleware, checked
-before the body is parsed, and the per-request input limits (``max_client_batch``,
-``max_input_chars``) used by the routes. All answer 413."""
+before the body is parsed; the per-request input limits (``max_client_batch``,
+``max_input_chars``) used by the routes; and the work limits (``max_request_tokens``,
+``max_request_vectors``) that :func:`check_workload` checks on the tokenized request before
+anything is queued or encoded. All answer 413.
+
+The input limits alone do not bound a request's cost: 512 inputs of 100,000 characters are
+~12M tokens once every window is encoded. The work limits count what the request will really
+run -- the tokens of every window of every tokenization plan its poolers need -- and return,
+so that one request's memory and time are bounded whatever its poolers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,3 +69,44 @@ def check_inputs(texts: Sequence[str], settings: Settings, field: str = "inputs"
             raise PayloadTooLarge(
                 f"{field}[{i}]: {len(t)} characters, over the limit of {settings.max_input_chars} "
                 "(max_input_chars); shorten or split it", param=field)
+
+
+#: the options of an embedding call that change its tokenization
+_TOKENIZE_OPTIONS = ("role", "truncate", "prompt_name", "truncation_direction")
+
+
+def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]],
+                   settings: Settings, *, field: str = "inputs") -> list[list[int]]:
+    """Raise :class:`PayloadTooLarge` (kind ``too_large``: 413) if one request's embeddings --
+    ``parts``, ``(texts, specs, options)`` as :meth:`Engine.embed_many` takes them -- would
+    run more than ``max_request_tokens`` tokens through the encoder (after windowing: all
+    windows of all plans) or return more than ``max_request_vectors`` vectors, all parts
+    together. Tokenizes, never encodes; every route that embeds calls it before queueing,
+    through ``Engine.embed_many``.
+
+    Returns each part's per-text token counts (the batcher schedules by them). A text the
+    engine would refuse (too long with ``truncate=false``) raises its ``ValueError`` here."""
+    tokens, vectors = [], 0
+    for texts, specs, options in parts:
+        opts = {k: options[k] for k in _TOKENIZE_OPTIONS if k in options}
+        work = embedder.measure(list(texts), list(specs), **opts)
+        tokens.append(work.tokens)
+        vectors += work.vectors
+    check_tokens(sum(map(sum, tokens)), settings, field, "through the encoder (all windows of every "
+                 "pooler's tokenization plan)")
+    if vectors > settings.max_request_vectors:
+        raise PayloadTooLarge(
+            f"{field}: this request would return {vectors} vectors, over the limit of "
+            f"{settings.max_request_vectors} per request (max_request_vectors); send fewer or "
+            "shorter inputs per request, or use a pooler with fewer vectors (e.g. a larger "
+            "cluster pool_factor)", param=field)
+    return tokens
+
+
+def check_tokens(tokens: int, settings: Settings, field: str = "inputs", what: str = "") -> None:
+    """413 if a request needs more than ``max_request_tokens`` tokens (``what``: where they go)."""
+    if tokens > settings.max_request_tokens:
+        raise PayloadTooLarge(
+            f"{field}: this request needs {tokens} tokens{' ' + what if what else ''}, over the limit "
+            f"of {settings.max_request_tokens} per request (max_request_tokens); send fewer or "
+            "shorter inputs per request", param=field)

@@ -4,6 +4,7 @@ collections. Routes get them through the dependencies in :mod:`app.server.deps`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from embedpool import index
 from embedpool.app.batcher import Batcher, EmbedOutput
 from embedpool.app.server.cache import VectorCache
 from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
+from embedpool.app.server.limits import check_workload
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
 from embedpool.errors import InvalidError, NotFoundError
@@ -26,6 +29,9 @@ log = logging.getLogger("embedpool.server")
 #: Integer pooler options above this are refused over HTTP (e.g. attention:queries=10**6
 #: would allocate without bound).
 MAX_INT_OPTION = 4096
+#: Requests with at most this many characters count their tokens on the event loop (~1 µs per
+#: character); larger ones in a worker thread.
+INLINE_CHECK_CHARS = 4096
 
 
 class Engine:
@@ -156,24 +162,34 @@ class Engine:
     async def embed(self, request: Request | None, texts: list[str], specs: list[str], *,
                     role: str = "document", normalize: bool = True, dimensions: int | None = None,
                     truncate: bool = True, prompt_name: str | None = None,
-                    truncation_direction: str = "right") -> EmbedOutput:
-        """Embed through the batcher; if the client disconnects first, drop the work (499)."""
+                    truncation_direction: str = "right", field: str = "inputs") -> EmbedOutput:
+        """Embed through the batcher; if the client disconnects first, drop the work (499).
+        ``field`` names the request field in a 413 of the work limits (see :meth:`embed_many`)."""
         options = {"role": role, "normalize": normalize, "dimensions": dimensions, "truncate": truncate,
                    "prompt_name": prompt_name, "truncation_direction": truncation_direction}
-        return (await self.embed_many(request, [(texts, specs, options)]))[0]
+        return (await self.embed_many(request, [(texts, specs, options)], field=field))[0]
 
     async def embed_many(self, request: Request | None,
-                         parts: list[tuple[list[str], list[str], dict[str, Any]]]) -> list[EmbedOutput]:
+                         parts: list[tuple[list[str], list[str], dict[str, Any]]],
+                         field: str = "inputs") -> list[EmbedOutput]:
         """Several embeddings of one request (``(texts, specs, options)`` each, options as for
         :meth:`embed`), queued together so they share a batcher round (see
-        :meth:`Batcher.submit_many`); all or none."""
-        self.require()
+        :meth:`Batcher.submit_many`); all or none.
+
+        The request's work limits (all parts together) are checked first, on its tokenization:
+        413 before anything is queued or encoded (a large request tokenizes in a worker thread,
+        not to stall the event loop)."""
+        embedder = self.require()
         assert self.batcher is not None
-        # tokens counted here, in a thread: overlaps the worker's forward pass of the current round
-        parts = [(texts, specs, {**options, "counts": await asyncio.to_thread(self.batcher.count_tokens, texts)
-                                 if options.get("truncate", True) else None})
-                 for texts, specs, options in parts]
-        jobs = self.batcher.submit_many(parts)
+        check = functools.partial(check_workload, embedder, parts, self.settings, field=field)
+        # a few sentences tokenize in well under a millisecond: not worth a thread hop
+        small = sum(len(t) for texts, _, _ in parts for t in texts) <= INLINE_CHECK_CHARS
+        tokens = check() if small else await run_in_threadpool(check)
+        # usage counts (standard plan) in a thread: overlaps the worker's forward pass of the current round
+        jobs = self.batcher.submit_many([
+            (texts, specs, {**options, "est_tokens": est, "counts": await asyncio.to_thread(
+                self.batcher.count_tokens, texts) if options.get("truncate", True) else None})
+            for (texts, specs, options), est in zip(parts, tokens)])
         results = [asyncio.wrap_future(job.future) for job in jobs]
         gathered = asyncio.ensure_future(asyncio.gather(*results))
         if request is None:

@@ -224,6 +224,22 @@ def prompted_server(tmp_path_factory):
         srv.stop()
 
 
+@pytest.fixture(scope="session")
+def scale_server(tmp_path_factory):
+    """Small work limits (30,000 tokens, 10,000 vectors per request) for the long-input tests,
+    started only when they run. A fixed mmap threshold makes glibc return freed blocks at once,
+    so the RSS these tests measure is memory in use, not memory kept from earlier requests."""
+    s = Server(tmp_path_factory.mktemp("scale"), {
+        "EMBEDPOOL_MAX_REQUEST_TOKENS": "30000",
+        "EMBEDPOOL_MAX_REQUEST_VECTORS": "10000",
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+    })
+    try:
+        yield s.wait_ready()
+    finally:
+        s.stop()
+
+
 @pytest.fixture
 def client(server):
     with server.client() as c:

@@ -138,7 +138,7 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     coll = await _open(collections, engine, name)
     emb = retrieval.collection_embedding(coll.spec, engine.embedder.dim, role="document")
     engine.pooler(emb.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
-    out = await engine.embed(request, texts, [emb.pooler], **emb.options)
+    out = await engine.embed(request, texts, [emb.pooler], **emb.options, field="documents")
     vecs = out.vectors[emb.pooler]
     vectors: Any = np.stack(vecs) if coll.spec.kind == "single" else vecs
     await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs], vectors, texts,
@@ -174,7 +174,8 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`).
     Scores: inner product (cosine when normalized), squared L2 for `l2`, MaxSim for multi-vector."""
     texts = [body.query] if body.query is not None else list(body.queries or [])
-    check_inputs(texts, engine.settings, "queries" if body.queries is not None else "query")
+    field = "queries" if body.queries is not None else "query"
+    check_inputs(texts, engine.settings, field)
     coll = await _open(collections, engine, name)
     need = retrieval.companion_name(coll.spec, body.mode, name)
     comp = await _open(collections, engine, need) if need else None
@@ -182,7 +183,8 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
                             k_token=body.k_token, companion=comp)
     for e in plan.embeddings():
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
-    vectors, tokens = await retrieval.aembed_queries(partial(engine.embed, request), texts, plan.embeddings())
+    vectors, tokens = await retrieval.aembed_queries(partial(engine.embed, request, field=field), texts,
+                                                     plan.embeddings())
     results = await run_in_threadpool(plan.run, vectors)
     hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
               **({"text": h.text} if body.include_text else {})} for h in r] for r in results]

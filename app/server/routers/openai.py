@@ -41,7 +41,7 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request,
                       param="encoding_format")
     ranges = output_ranges(body.precision, body.ranges, normalize=True, dim=body.dimensions or engine.embedder.dim)
     out = await engine.embed(request, texts, [spec], role=body.embed_role, normalize=True,
-                             dimensions=body.dimensions, truncate=True)
+                             dimensions=body.dimensions, truncate=True, field="input")
     items = encode_vectors(out.vectors[spec], body.precision, body.encoding_format, ranges)
     return JSON({
         "object": "list",
