@@ -19,10 +19,17 @@ per-window clustering shows what the change buys.
 Targets (issue 12): seconds per 1k tokens at 64k within 1.5x of that at 1k, for every pooler,
 and peak RSS at 64k tokens <= 2 GB. A watchdog kills any case above 4 GB RSS.
 
-    flock /tmp/embedpool-bench.lock .venv/bin/python bench/scale.py           # ~5 min
+The ``index`` suite runs the indexing job (``IndexJob``) over SciFact with ``mean`` +
+``cluster:pool_factor=4`` and records after every commit (500 documents by default) the RSS, its
+peak so far and what each collection holds in memory (token codes of committed segments, the
+pending segment's buffers, the FAISS index): issue 12's target is a peak RSS flat within 20%
+from 1k to 5k documents.
+
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/scale.py           # ~5-10 min
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/scale.py index     # ~5-20 min
     .venv/bin/python bench/scale.py case --pooler mean --tokens 4000         # one case, JSON
 
-Writes ``bench/results/scale.json`` and prints a markdown table.
+Writes ``bench/results/scale.json`` (``scale_index.json``) and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -204,6 +211,94 @@ def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("emb
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+# ---------------------------------------------------------------------- the indexing job
+INDEX_POOLERS = ("mean", "cluster:pool_factor=4")
+INDEX_CHECKPOINTS = (1_000, 2_500, 5_000)
+
+
+def _store_bytes(coll) -> dict:
+    """What a collection holds in memory (bench code: it reads the stores' private fields).
+    Multi-vector: token codes of committed segments not memory-mapped from disk, and the
+    pending segment's growable buffers (capacity); single-vector: the FAISS index."""
+    import numpy as np
+
+    store = coll._vec
+    if hasattr(store, "segments"):
+        in_ram = sum(seg.codes.nbytes for seg in store.segments
+                     if seg.committed and not isinstance(seg.codes, np.memmap))
+        mapped = sum(seg.codes.nbytes for seg in store.segments if isinstance(seg.codes, np.memmap))
+        pend = store.pending
+        buffers = 0 if pend is None or pend._g_codes is None else pend._g_codes._buf.nbytes
+        token_index = 0 if store.token_index is None else store.token_index.ntotal * coll.spec.dim * 4
+        return {"segments": len(store.segments), "codes_in_ram_mb": round(in_ram / 2**20, 1),
+                "codes_mmapped_mb": round(mapped / 2**20, 1), "pending_buffer_mb": round(buffers / 2**20, 1),
+                "token_index_mb_at_least": round(token_index / 2**20, 1), "vectors": int(store.total_vectors())}
+    return {"faiss_index_mb": round(store.index.ntotal * coll.spec.dim * 4 / 2**20, 1),
+            "vectors": int(store.index.ntotal)}
+
+
+def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int) -> dict:
+    """``IndexJob`` over the first ``n_docs`` SciFact documents with ``mean`` +
+    ``cluster:pool_factor=4`` (companion ``mean``), in this process; after every commit: the
+    RSS, its peak so far, and what each collection holds in memory."""
+    import tempfile
+
+    import torch
+    from scifact_data import load_scifact
+
+    from embedpool.app.indexing import IndexJob, Record
+    from embedpool.poolers import Embedder, FrozenEncoder
+
+    if threads:
+        torch.set_num_threads(threads)
+    data = load_scifact(n_docs)
+    records = [Record(i, t) for i, t in zip(data.doc_ids, data.doc_texts)]
+    embedder = Embedder(FrozenEncoder())
+    embedder.embed(["warm up"], list(INDEX_POOLERS))
+    probe = PeakRSS()
+    base_mb = probe._kb("VmRSS") / 1024
+    commits = []
+    with tempfile.TemporaryDirectory() as tmp:
+        job = IndexJob(embedder, tmp, "scifact", list(INDEX_POOLERS), companion="mean", commit_every=commit_every,
+                       storage_precision=precision, progress=False, log=lambda m: None)
+        commit_all = job._commit_all
+
+        def recorded() -> None:
+            commit_all()
+            commits.append({"documents": job.records_indexed, "rss_mb": round(probe._kb("VmRSS") / 1024, 1),
+                            "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1),
+                            "stores": {t.spec: _store_bytes(t.coll) for t in job.targets.values()}})
+
+        job._commit_all = recorded
+        t0 = time.perf_counter()
+        with job:
+            job.run(records, total=len(records))
+        seconds = time.perf_counter() - t0
+    return {"documents": len(records), "commit_every": commit_every, "storage_precision": precision,
+            "seconds": round(seconds, 1), "rss_after_model_mb": round(base_mb, 1), "commits": commits,
+            "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1)}
+
+
+def index_table(res: dict) -> str:
+    rows = {c["documents"]: c for c in res["commits"]}
+    lines = ["| documents | RSS (MB) | peak RSS so far (MB) | cluster token codes in RAM (MB) | "
+             "cluster pending buffer (MB) | mean FAISS index (MB) |", "|---:|---:|---:|---:|---:|---:|"]
+    for n in sorted(rows):
+        c = rows[n]
+        multi = next(v for v in c["stores"].values() if "codes_in_ram_mb" in v)
+        single = next(v for v in c["stores"].values() if "faiss_index_mb" in v)
+        docs = f"**{n:,}**" if n in INDEX_CHECKPOINTS else f"{n:,}"
+        lines.append(f"| {docs} | {c['rss_mb']:,.0f} | {c['peak_rss_mb']:,.0f} | "
+                     f"{multi['codes_in_ram_mb']:,.1f} | {multi['pending_buffer_mb']:,.1f} | {single['faiss_index_mb']:,.1f} |")
+    peaks = [rows[n]["peak_rss_mb"] for n in INDEX_CHECKPOINTS if n in rows]
+    if len(peaks) >= 2:
+        growth = peaks[-1] / peaks[0]
+        lines.append("")
+        lines.append(f"peak RSS at {INDEX_CHECKPOINTS[-1]:,} ÷ at {INDEX_CHECKPOINTS[0]:,} documents: {growth:.2f} "
+                     f"(target ≤ 1.20: {'met' if growth <= 1.2 else '**missed**'})")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- report
 def machine() -> dict:
     import torch
@@ -275,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--threads", type=int, default=1,
                        help="torch threads (default 1: on a small shared machine more threads spin "
                             "against other processes and timings scatter; 0 = torch's default)")
+    ix = sub.add_parser("index", help="the indexing job over SciFact: RSS and in-memory stores per commit")
+    ix.add_argument("--docs", type=int, default=INDEX_CHECKPOINTS[-1])
+    ix.add_argument("--commit-every", type=int, default=500)
+    ix.add_argument("--storage-precision", choices=["float32", "float16", "int8"], default="float32")
+    ix.add_argument("--threads", type=int, default=1)
+    ix.add_argument("--out", type=Path, default=HERE / "results" / "scale_index.json")
+    ix.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--poolers", nargs="+", default=list(POOLERS))
     ap.add_argument("--old-sizes", type=int, nargs="*", default=list(OLD_SIZES),
@@ -285,8 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         modes = ("old",) if args.pooler.startswith("old:") else tuple(args.mode)
         print(json.dumps(run_case(args.pooler, args.tokens, modes, args.threads)))
         return 0
+    if args.cmd == "index":
+        return index_main(args)
     info = machine()
-    print(json.dumps(info))
+    print(json.dumps(info), flush=True)
     cases = []
     plan = [(p, n, "embed") for p in args.poolers for n in args.sizes] + [(OLD, n, "old") for n in args.old_sizes]
     for pooler, n, mode in plan:
@@ -299,6 +403,41 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"machine": info, "cases": cases, "summary": summary}, indent=2) + "\n")
     print(table(cases, summary))
     print(f"\nload average: start {info['loadavg_start']}, end {info['loadavg_end']}")
+    return 0
+
+
+def index_main(args) -> int:
+    """The indexing-job suite: one subprocess (RSS watchdog) running :func:`run_index_case`."""
+    if args.in_process:
+        print(json.dumps(run_index_case(args.docs, args.commit_every, args.storage_precision, args.threads)))
+        return 0
+    import psutil
+
+    info = machine()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "index", "--in-process", "--docs", str(args.docs),
+           "--commit-every", str(args.commit_every), "--storage-precision", args.storage_precision,
+           "--threads", str(args.threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    ps = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            if ps.memory_info().rss > WATCHDOG_BYTES:
+                proc.kill()
+                print("killed: RSS over the 4 GB watchdog", file=sys.stderr)
+                return 1
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    out, _ = proc.communicate()
+    if proc.returncode:
+        return proc.returncode
+    res = json.loads(out.strip().splitlines()[-1])
+    info["loadavg_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": info, **res}, indent=2) + "\n")
+    print(index_table(res))
+    print(f"\n{res['documents']:,} documents in {res['seconds']:,.0f} s; RSS after loading the model "
+          f"{res['rss_after_model_mb']:,.0f} MB; load average: start {info['loadavg_start']}, end {info['loadavg_end']}")
     return 0
 
 
