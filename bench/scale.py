@@ -183,13 +183,12 @@ def _measure_embed(embedder, doc: str, spec: str, mode: str, min_seconds: float 
             **peak.report()}
 
 
-def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), threads: int = 0,
-                      env: dict | None = None, limit_bytes: int = WATCHDOG_BYTES, timeout: float = 900) -> list[dict]:
-    """:func:`run_case` in a fresh interpreter, killed if its RSS passes ``limit_bytes``."""
+def watched(cmd: list[str], env: dict | None = None, limit_bytes: int = WATCHDOG_BYTES,
+            timeout: float = 900) -> tuple[object, str | None]:
+    """Run ``cmd``, killed if its RSS passes ``limit_bytes`` or it outlives ``timeout`` s.
+    Returns ``(json of its last stdout line, None)`` or ``(None, why it was killed)``."""
     import psutil
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "case", "--pooler", pooler,
-           "--tokens", str(n_tokens), "--threads", str(threads), "--mode", *modes]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
     ps, deadline, killed = psutil.Process(proc.pid), time.monotonic() + timeout, None
@@ -205,10 +204,21 @@ def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("emb
         time.sleep(0.05)
     stdout, stderr = proc.communicate()
     if killed:
-        return [{"pooler": pooler, "mode": m, "tokens": n_tokens, "killed": killed} for m in modes]
+        return None, killed
     if proc.returncode:
-        raise RuntimeError(f"case {pooler} {n_tokens} failed:\n{stderr[-3000:]}")
-    return json.loads(stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{' '.join(cmd[1:])} failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1]), None
+
+
+def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), threads: int = 0,
+                      env: dict | None = None, limit_bytes: int = WATCHDOG_BYTES, timeout: float = 900) -> list[dict]:
+    """:func:`run_case` in a fresh interpreter, killed if its RSS passes ``limit_bytes``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "case", "--pooler", pooler,
+           "--tokens", str(n_tokens), "--threads", str(threads), "--mode", *modes]
+    out, killed = watched(cmd, env, limit_bytes, timeout)
+    if killed:
+        return [{"pooler": pooler, "mode": m, "tokens": n_tokens, "killed": killed} for m in modes]
+    return out
 
 
 # ---------------------------------------------------------------------- the indexing job
@@ -237,16 +247,34 @@ def _store_bytes(coll) -> dict:
             "vectors": int(store.index.ntotal)}
 
 
-def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int) -> dict:
+def _hold_committed_segments() -> None:
+    """The other side: committed segments keep their token codes in memory (as before issue
+    12), instead of reading them from the file their commit wrote."""
+    from embedpool.index import multi
+
+    def freeze(self) -> None:
+        self.written_to = None
+        original(self)
+
+    original = multi.Segment.freeze
+    multi.Segment.freeze = freeze
+
+
+def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int, hold: bool = False) -> dict:
     """``IndexJob`` over the first ``n_docs`` SciFact documents with ``mean`` +
     ``cluster:pool_factor=4`` (companion ``mean``), in this process; after every commit: the
-    RSS, its peak so far, and what each collection holds in memory."""
+    RSS, its peak so far, and what each collection holds in memory. ``hold``: the old
+    behaviour (committed token codes stay in memory)."""
     import tempfile
 
     import torch
     from scifact_data import load_scifact
 
-    from embedpool.app.indexing import IndexJob, Record
+    if hold:
+        _hold_committed_segments()
+
+    from embedpool.app.datasets import Record
+    from embedpool.app.indexing import IndexJob
     from embedpool.poolers import Embedder, FrozenEncoder
 
     if threads:
@@ -274,7 +302,8 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int)
         with job:
             job.run(records, total=len(records))
         seconds = time.perf_counter() - t0
-    return {"documents": len(records), "commit_every": commit_every, "storage_precision": precision,
+    return {"side": "old: committed segments held in memory" if hold else "new", "documents": len(records),
+            "commit_every": commit_every, "storage_precision": precision,
             "seconds": round(seconds, 1), "rss_after_model_mb": round(base_mb, 1), "commits": commits,
             "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1)}
 
@@ -377,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     ix.add_argument("--threads", type=int, default=1)
     ix.add_argument("--out", type=Path, default=HERE / "results" / "scale_index.json")
     ix.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    ix.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--poolers", nargs="+", default=list(POOLERS))
     ap.add_argument("--old-sizes", type=int, nargs="*", default=list(OLD_SIZES),
@@ -407,37 +437,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def index_main(args) -> int:
-    """The indexing-job suite: one subprocess (RSS watchdog) running :func:`run_index_case`."""
+    """The indexing-job suite: both sides (committed segments read from their files, and held
+    in memory as before), each in a subprocess with the RSS watchdog."""
     if args.in_process:
-        print(json.dumps(run_index_case(args.docs, args.commit_every, args.storage_precision, args.threads)))
+        print(json.dumps(run_index_case(args.docs, args.commit_every, args.storage_precision,
+                                        args.threads, args.hold)))
         return 0
-    import psutil
-
     info = machine()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "index", "--in-process", "--docs", str(args.docs),
-           "--commit-every", str(args.commit_every), "--storage-precision", args.storage_precision,
-           "--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    ps = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        try:
-            if ps.memory_info().rss > WATCHDOG_BYTES:
-                proc.kill()
-                print("killed: RSS over the 4 GB watchdog", file=sys.stderr)
-                return 1
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
-    out, _ = proc.communicate()
-    if proc.returncode:
-        return proc.returncode
-    res = json.loads(out.strip().splitlines()[-1])
+    print(json.dumps(info), flush=True)
+    sides = []
+    for hold in (False, True):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "index", "--in-process", "--docs", str(args.docs),
+               "--commit-every", str(args.commit_every), "--storage-precision", args.storage_precision,
+               "--threads", str(args.threads)] + (["--hold"] if hold else [])
+        res, killed = watched(cmd, timeout=4 * 3600)
+        sides.append(res or {"side": "old" if hold else "new", "killed": killed})
+        print(json.dumps(sides[-1])[:2000], flush=True)
     info["loadavg_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": info, **res}, indent=2) + "\n")
-    print(index_table(res))
-    print(f"\n{res['documents']:,} documents in {res['seconds']:,.0f} s; RSS after loading the model "
-          f"{res['rss_after_model_mb']:,.0f} MB; load average: start {info['loadavg_start']}, end {info['loadavg_end']}")
+    args.out.write_text(json.dumps({"machine": info, "sides": sides}, indent=2) + "\n")
+    for res in sides:
+        if "killed" in res:
+            print(f"\n{res['side']}: killed ({res['killed']})")
+            continue
+        print(f"\n{res['side']}: {res['documents']:,} documents in {res['seconds']:,.0f} s; RSS after "
+              f"loading the model {res['rss_after_model_mb']:,.0f} MB")
+        print(index_table(res))
+    print(f"\nload average: start {info['loadavg_start']}, end {info['loadavg_end']}")
     return 0
 
 

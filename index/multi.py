@@ -66,6 +66,7 @@ class Segment:
     doc_ids: np.ndarray  # [n] int64
     live: np.ndarray  # [n] bool
     committed: bool = True
+    written_to: Path | None = field(default=None, repr=False)  # folder of the files write() made
     # pending (uncommitted) segments grow in place
     _g_codes: _Grow | None = field(default=None, repr=False)
     _g_scales: _Grow | None = field(default=None, repr=False)
@@ -117,8 +118,15 @@ class Segment:
         self.live = self._g_live.view
 
     def freeze(self) -> None:
-        """Turn a pending segment into a committed one (compact copies of its arrays)."""
-        self.codes = self.codes.copy()
+        """Turn a pending segment into a committed one. Its token codes are then read from the
+        file its commit wrote, memory-mapped as a loaded collection's are, instead of staying
+        in memory: a collection being built (the indexing job) holds in memory only the
+        segment it is filling, however large the collection grows. The other arrays (a few
+        bytes per document or token) become compact copies."""
+        if self.written_to is not None:
+            self.codes = np.load(self.written_to / seg_files(self.seg_id)[0], mmap_mode="r")
+        else:
+            self.codes = self.codes.copy()
         self.scales = None if self.scales is None else self.scales.copy()
         self.offsets, self.doc_ids, self.live = self.offsets.copy(), self.doc_ids.copy(), self.live.copy()
         self._g_codes = self._g_scales = self._g_offsets = self._g_ids = self._g_live = None
@@ -133,6 +141,7 @@ class Segment:
         if self.scales is not None:
             aux["scales"] = self.scales
         write_durable(folder / aux_name, lambda f: np.savez(f, **aux), sync_dir=False)
+        self.written_to = folder
 
     @classmethod
     def read(cls, folder: Path, seg_id: int, live_ids: np.ndarray) -> "Segment":
