@@ -242,8 +242,10 @@ class FrozenEncoder:
             return self.prompt_names[prompt_name]
         return self.prompts.get(role or "", "")
 
-    def _tokenizer_call(self, texts, **kwargs) -> dict:
-        """The tokenizer on ``texts`` (serialized: see ``_tokenizer_lock``)."""
+    def run_tokenizer(self, texts, **kwargs) -> dict:
+        """``self.tokenizer(texts, **kwargs)``, serialized with every other tokenization of
+        this encoder: a caller on another thread than the encoding one (the server's routes)
+        must tokenize through this, not through ``self.tokenizer`` (see ``_tokenizer_lock``)."""
         with self._tokenizer_lock:
             return self.tokenizer(texts, **kwargs)
 
@@ -251,7 +253,7 @@ class FrozenEncoder:
                            direction: str = "right") -> list[_Row]:
         full = [prompt + t for t in texts]
         cut_right = truncate and direction == "right"
-        enc = self._tokenizer_call(
+        enc = self.run_tokenizer(
             full,
             add_special_tokens=True,
             truncation=cut_right,
@@ -287,13 +289,13 @@ class FrozenEncoder:
 
     def _prompt_tokens(self, prompt: str) -> int:
         """Tokens the prompt adds after ``[CLS]`` (0 without a prompt)."""
-        return len(self._tokenizer_call(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
+        return len(self.run_tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
 
     def _tokenize_windowed(self, texts: Sequence[str], prompt: str) -> list[_Row]:
         """The standard layout, but an input over the window becomes consecutive windows of
         ``max_length - 2`` tokens, each ``[CLS] … [SEP]``; the first window is exactly the
         standard (truncated) sequence."""
-        enc = self._tokenizer_call(
+        enc = self.run_tokenizer(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
         )
@@ -317,7 +319,7 @@ class FrozenEncoder:
         per_window = (self.max_length - 1) // (g + 1)
         if per_window < 1:
             raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
-        enc = self._tokenizer_call(
+        enc = self.run_tokenizer(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
         )
@@ -370,16 +372,16 @@ class FrozenEncoder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation); safe from
         any thread (tokenization is serialized)."""
-        enc = self._tokenizer_call(list(texts), add_special_tokens=True, truncation=True,
-                                   max_length=self.max_length, return_attention_mask=False,
-                                   return_token_type_ids=False, verbose=False)
+        enc = self.run_tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                                 max_length=self.max_length, return_attention_mask=False,
+                                 return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def lengths(self, texts: Sequence[str], role: str | None = None, prompt_name: str | None = None) -> list[int]:
         """Tokens each text (with its prompt and the special tokens) has before any truncation:
         over ``max_length``, ``truncate=False`` refuses it."""
         prompt = self.prompt_for(role, prompt_name)
-        enc = self._tokenizer_call([prompt + t for t in _check_texts(texts)], add_special_tokens=True,
+        enc = self.run_tokenizer([prompt + t for t in _check_texts(texts)], add_special_tokens=True,
                              return_attention_mask=False, return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 

@@ -74,3 +74,22 @@ def test_longest_input_served_in_bounded_memory(scale_server, bench_scale, long_
     assert 19_000 / 4 < len(vectors) < 21_000 / 4 + 2 * 90
     assert rss.growth_mb < 200, rss.report()
     scale_server.alive()
+
+
+def test_rerank_and_tokenize_have_the_same_limit(scale_server, long_inputs):
+    """/rerank counts the query and every text's windows together; /tokenize the tokens it
+    would list. Both refuse ~40,000 tokens against the limit of 30,000."""
+    with scale_server.client() as c:
+        r = c.post("/rerank", json={"query": "white matter development", "texts": long_inputs,
+                                    "pooler": "tokens:window=true", "truncate": True})
+        assert r.status_code == 413, r.text[:300]
+        assert "max_request_tokens" in _error(r) and "30000" in _error(r), _error(r)
+        r = c.post("/tokenize", json={"inputs": long_inputs})
+        assert r.status_code == 413, r.text[:300]
+        assert "max_request_tokens" in _error(r) and "30000" in _error(r), _error(r)
+        # within the limit both answer: one long text reranked over all its windows
+        r = c.post("/rerank", json={"query": "white matter development", "texts": [long_inputs[0], "unrelated"],
+                                    "pooler": "cluster:pool_factor=4,window=true", "truncate": True})
+        assert r.status_code == 200, r.text[:300]
+        assert [x["index"] for x in r.json()] == [0, 1]
+    scale_server.alive()

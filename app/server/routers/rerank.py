@@ -30,7 +30,8 @@ DEFAULT_POOLER = "tokens"
 BLOCK_ROWS = 16384
 
 ERRORS = {
-    413: {"description": "too many texts, a text too long, or the body too large"},
+    413: {"description": "too many texts, a text too long, the body too large, or more tokens or vectors "
+                         "than max_request_tokens / max_request_vectors"},
     422: {"description": "invalid field, e.g. empty `texts`, or an input over the model's window with "
                          "`truncate: false` (the message names it)"},
     429: {"description": "queue full; see Retry-After"},
@@ -69,7 +70,7 @@ async def _embed(engine: Engine, request: Request, spec: str, body: RerankReques
     q_out, d_out = await engine.embed_many(request, [
         ([body.query], [spec], {**options, "role": "query"}),
         (missing, [spec], {**options, "role": "document"}),
-    ])
+    ], field="texts")
     fresh = dict(zip(missing, d_out.vectors.get(spec, [])))
     engine.rerank_cache.put_many(key, missing, [fresh[t] for t in missing])
     return q_out.vectors[spec][0], [v if v is not None else fresh[t] for t, v in zip(body.texts, docs)]

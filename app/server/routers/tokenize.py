@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
 from embedpool.app.server.errors import Invalid
-from embedpool.app.server.limits import check_inputs
+from embedpool.app.server.limits import check_inputs, check_tokens
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import SimpleToken, TokenizeRequest, TokenizeWindows
 from embedpool.app.server.state import Engine
@@ -27,7 +27,8 @@ router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]] | TokenizeWindows,
-             responses={413: {"description": "too many inputs or an input too long"},
+             responses={413: {"description": "too many inputs, an input too long, or more tokens than "
+                                    "max_request_tokens"},
                         422: {"description": "invalid field"}})
 async def tokenize(body: TokenizeRequest, engine: Engine = Depends(get_engine)) -> JSON:
     """The tokens of each input, TEI's shape: `[[{id, text, special, start, stop}, ...], ...]`
@@ -43,17 +44,19 @@ async def tokenize(body: TokenizeRequest, engine: Engine = Depends(get_engine)) 
     if body.pooler is not None:
         spec, _ = engine.pooler(body.pooler)
         plan = engine.embedder.pooler(spec).plan
-    answer = await run_in_threadpool(_tokenize, engine.embedder.encoder, texts, body, plan)
+    answer = await run_in_threadpool(_tokenize, engine.embedder.encoder, texts, body, plan, engine.settings)
     if plan is None:
         return JSON(answer[0])
     return JSON({"pooler": spec, "plan": plan.key, "tokens": answer[0], "windows": answer[1]})
 
 
-def _tokenize(encoder: Any, texts: list[str], body: TokenizeRequest, plan: Any) -> tuple[list, list]:
+def _tokenize(encoder: Any, texts: list[str], body: TokenizeRequest, plan: Any, settings: Any) -> tuple[list, list]:
     prompt = encoder.prompt_for(body.role, body.prompt_name)
-    enc = encoder.tokenizer([prompt + t for t in texts], add_special_tokens=body.add_special_tokens,
-                            return_offsets_mapping=True, return_special_tokens_mask=True,
-                            return_attention_mask=False, return_token_type_ids=False, verbose=False)
+    enc = encoder.run_tokenizer([prompt + t for t in texts], add_special_tokens=body.add_special_tokens,
+                                return_offsets_mapping=True, return_special_tokens_mask=True,
+                                return_attention_mask=False, return_token_type_ids=False, verbose=False)
+    # the answer holds an object per token: bounded like the tokens an embedding may run
+    check_tokens(sum(len(ids) for ids in enc["input_ids"]), settings, "inputs", "in its token lists")
     tokens = [_tokens(encoder, text, prompt, ids, offsets, special)
               for text, ids, offsets, special in zip(texts, enc["input_ids"], enc["offset_mapping"],
                                                      enc["special_tokens_mask"])]
