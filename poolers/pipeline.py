@@ -148,6 +148,8 @@ class Embedder:
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
         vectors = 0
+        if not texts:  # the tokenizer refuses an empty batch; nothing to count
+            return Workload(tokens, vectors)
         for plan, specs in by_plan.items():
             for i, windows in enumerate(self.encoder.windows(texts, plan, role, truncate, **options)):
                 rows = [len(w.ids) for w in windows]

@@ -82,6 +82,7 @@ def test_measure_counts_what_embed_runs_and_returns(role, encoder, embedder, lon
     # per text: the long one takes every window of the windowed and landmark plans
     alone = embedder.measure([long_text], specs, role=role)
     assert alone.tokens[0] == work.tokens[0] > 3 * encoder.max_length
+    assert embedder.measure([], specs, role=role).vectors == 0
     with pytest.raises(ValueError, match="over the model's limit"):
         embedder.measure(["word " * 400], ["mean"], truncate=False)
 
