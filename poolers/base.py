@@ -159,8 +159,8 @@ class Pooler(Configurable):
         (``pooled``: this pooler's output for that batch). Default: the output itself."""
         return pooled[0]
 
-    def merge(self, parts: list[Any]) -> Tensor:
-        """One text's result from its :meth:`part` of each batch, in window order. Default:
+    def merge(self, parts: list[Any], role: str = "document") -> Tensor:
+        """One text's result (in ``role``) from its :meth:`part` of each batch, in window order. Default:
         multi-vector outputs are concatenated (they pool every window on its own); a
         single-vector pooler on a windowing plan must say how its parts combine."""
         if self.multi_vector:
@@ -257,7 +257,7 @@ class WeightedMeanPooler(Pooler):
     def part(self, states: TokenStates, pooled: Tensor) -> tuple[Tensor, Tensor]:
         return pooled[0], self.weights(states).to(pooled.dtype).sum()
 
-    def merge(self, parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+    def merge(self, parts: list[tuple[Tensor, Tensor]], role: str = "document") -> Tensor:
         total = torch.stack([w for _, w in parts])
         means = torch.stack([m for m, _ in parts])
         return (means * total[:, None]).sum(0) / torch.clamp(total.sum(), min=1e-9)

@@ -24,5 +24,5 @@ class ClsPooler(Pooler):
             rows.setdefault(t, r)
         return first[[rows[t] for t in range(states.n_texts)]]
 
-    def merge(self, parts: list[Tensor]) -> Tensor:
+    def merge(self, parts: list[Tensor], role: str = "document") -> Tensor:
         return parts[0]

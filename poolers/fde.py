@@ -240,3 +240,12 @@ class FdePooler(Pooler):
     def pool_role(self, states: TokenStates, role: str) -> Tensor:
         sets = [t.numpy() for t in normalized_tokens(states)]
         return torch.from_numpy(self.encode_sets(sets, role))
+
+    # A long text split over forward batches (window=true): a document's per-partition means and
+    # empty-partition filling need all its token vectors, so the parts are its token vectors
+    # (linear in its length, as the tokens pooler's output) and the merge encodes them as one set.
+    def part(self, states: TokenStates, pooled: Tensor) -> np.ndarray:
+        return normalized_tokens(states)[0].numpy()
+
+    def merge(self, parts: list[np.ndarray], role: str = "document") -> Tensor:
+        return torch.from_numpy(self.encode_sets([np.concatenate(parts)], role))[0]

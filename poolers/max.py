@@ -23,5 +23,5 @@ class MaxPooler(Pooler):
         out = torch.full((states.n_texts, per_row.shape[-1]), float("-inf"))
         return out.index_reduce_(0, states.text_index, per_row, "amax")
 
-    def merge(self, parts: list[Tensor]) -> Tensor:
+    def merge(self, parts: list[Tensor], role: str = "document") -> Tensor:
         return torch.stack(parts).amax(0)

@@ -60,7 +60,7 @@ def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
     parts.append(pooler.part(states, pooled))
     if states.continued:
         return None
-    merged = [pooler.merge(parts)]
+    merged = [pooler.merge(parts, role)]
     parts.clear()
     return merged
 

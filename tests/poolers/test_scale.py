@@ -10,7 +10,7 @@ from embedpool.poolers import TokenStates, build_pooler
 from embedpool.poolers.encoder import WINDOWED, Plan
 
 ALL = ["mean", "max", "cls", "landmark", "landmark:g=8", "tokens:window=true",
-       "cluster:pool_factor=3,window=true", "mean:include_special=false"]
+       "cluster:pool_factor=3,window=true", "mean:include_special=false", "fde:window=true"]
 
 
 @pytest.fixture(scope="module")
@@ -18,19 +18,21 @@ def long_text(scifact_docs) -> str:
     return "\n\n".join(scifact_docs[:14])  # ~4,000 tokens: 16 windows, 2+ forward batches
 
 
-def test_windows_over_several_batches_equal_one_batch(encoder, embedder, long_text, scifact_docs):
+@pytest.mark.parametrize("role", ["document", "query"])
+def test_windows_over_several_batches_equal_one_batch(role, encoder, embedder, long_text, scifact_docs):
     """A text whose windows do not fit one forward batch is forwarded in budget-sized batches
-    and its parts merged: the same vectors as with all its windows in one batch."""
+    and its parts merged: the same vectors as with all its windows in one batch (in both roles:
+    cluster and fde treat queries differently)."""
     texts = [scifact_docs[40], long_text, "short", ""]
     specs = [s for s in ALL if build_pooler(s).plan.kind != "standard"]
     calls = encoder.stats.forward_calls
-    split = embedder.embed(texts, specs)
+    split = embedder.embed(texts, specs, role=role)
     n_split = encoder.stats.forward_calls - calls
     old = encoder.max_batch_tokens
     try:
         encoder.max_batch_tokens = 1 << 16
         calls = encoder.stats.forward_calls
-        whole = embedder.embed(texts, specs)
+        whole = embedder.embed(texts, specs, role=role)
         n_whole = encoder.stats.forward_calls - calls
     finally:
         encoder.max_batch_tokens = old
