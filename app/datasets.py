@@ -28,6 +28,7 @@ its own dependencies into the project; the formats themselves are a few lines of
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 import sys
@@ -136,11 +137,57 @@ class CorpusSource:
         with open(self.path, encoding="utf-8") as f:
             yield from self._read_lines(f, fmt)
 
+    # -- slices: the same records, read in parts that can be read anywhere
+    def slices(self, size: int) -> list["CorpusSlice"]:
+        """The corpus cut into slices of ``size`` records (the last may be shorter): record
+        positions ``[k * size, (k + 1) * size)`` and where they are in the file. JSON lines and
+        text are scanned once for line starts (blank lines stay in the slice before them);
+        Parquet needs only its footer. Not for stdin."""
+        if self.is_stdin:
+            raise DatasetError("stdin cannot be read in slices; give the corpus as a file")
+        size = max(1, int(size))
+        fmt = self.resolved_format()
+        if fmt == "parquet":
+            n = self.count() or 0
+            return [CorpusSlice(k, a, min(a + size, n)) for k, a in enumerate(range(0, n, size))]
+        starts: list[tuple[int, int]] = []  # (byte offset, line number) of every size-th record
+        n, offset = 0, 0
+        with open(self.path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if fmt == "text" or not _blank(line):
+                    if n % size == 0:
+                        starts.append((offset, lineno))
+                    n += 1
+                offset += len(line)
+        ends = [o for o, _ in starts[1:]] + [offset]
+        return [CorpusSlice(k, k * size, min((k + 1) * size, n), o, e, line)
+                for k, ((o, line), e) in enumerate(zip(starts, ends))]
+
+    def read_slice(self, s: "CorpusSlice") -> Iterator[Record]:
+        """The records of slice ``s`` (from :meth:`slices`), the same as :meth:`records` gives at
+        those positions, with the same errors naming the same lines; a file that no longer
+        matches the slice is an error."""
+        fmt = self.resolved_format()
+        if fmt == "parquet":
+            recs: Iterator[Record] = self._read_parquet(s.start, s.stop)
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(s.offset)
+                data = f.read(s.end - s.offset)
+            stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+            recs = self._read_lines(stream, fmt, first_line=s.first_line, first_record=s.start)
+        n = 0
+        for n, rec in enumerate(recs, 1):
+            yield rec
+        if n != s.stop - s.start:
+            raise DatasetError(f"{self.path}: records {s.start}-{s.stop - 1} are no longer where they "
+                               "were (the file changed while it was read); rerun the command")
+
     # -- JSON lines / text
-    def _read_lines(self, stream, fmt: str) -> Iterator[Record]:
+    def _read_lines(self, stream, fmt: str, first_line: int = 1, first_record: int = 0) -> Iterator[Record]:
         where = "stdin" if self.is_stdin else self.path
-        n_rec = 0
-        for lineno, line in enumerate(stream, 1):
+        n_rec = first_record
+        for lineno, line in enumerate(stream, first_line):
             if fmt == "text":
                 yield Record(str(n_rec), line.rstrip("\n"))
                 n_rec += 1
@@ -184,7 +231,8 @@ class CorpusSource:
         return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
 
     # -- Parquet (streamed by record batches)
-    def _read_parquet(self) -> Iterator[Record]:
+    def _read_parquet(self, start: int = 0, stop: int | None = None) -> Iterator[Record]:
+        """Rows ``[start, stop)`` (default: all), reading only the row groups that hold them."""
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(self.path)
@@ -195,18 +243,57 @@ class CorpusSource:
                 raise DatasetError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
                                    f"choose one with {flag}")
         cols = [id_field, text_field] + ([title_field] if title_field and title_field in names else [])
-        row = 0
-        for batch in pf.iter_batches(batch_size=1024, columns=cols):
+        stop = pf.metadata.num_rows if stop is None else stop
+        groups, row, first = [], 0, None  # the row groups that overlap [start, stop)
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if n and row + n > start and row < stop:
+                groups.append(g)
+                first = row if first is None else first
+            row += n
+        if not groups:
+            return
+        row = first
+        for batch in pf.iter_batches(batch_size=1024, columns=cols, row_groups=groups):
             d = batch.to_pydict()
             titles = d.get(title_field) if title_field else None
             for j, (i, t) in enumerate(zip(d[id_field], d[text_field])):
-                if i is None:
-                    raise DatasetError(f"{self.path}, row {row}: null id")
-                t = t or ""
-                if titles is not None:
-                    t = document_text(titles[j], t)
-                yield Record(str(i), t)
+                if row >= stop:
+                    return
+                if row >= start:
+                    yield self._from_row(i, t, titles[j] if titles is not None else None, row, text_field)
                 row += 1
+
+    def _from_row(self, id_: Any, text: Any, title: Any, row: int, text_field: str) -> Record:
+        if id_ is None:
+            raise DatasetError(f"{self.path}, row {row}: null id")
+        text = text or ""
+        if not isinstance(text, str):
+            raise DatasetError(f"{self.path}, row {row}: column {text_field!r} is {type(text).__name__}, "
+                               "expected a string")
+        if title is not None:
+            text = document_text(title, text)
+        return Record(str(id_), text)
+
+
+@dataclass(frozen=True)
+class CorpusSlice:
+    """Records ``[start, stop)`` of a corpus (from :meth:`CorpusSource.slices`): for JSON lines
+    and text, the bytes ``[offset, end)`` of the file, starting at line ``first_line``."""
+
+    index: int
+    start: int
+    stop: int
+    offset: int = 0
+    end: int = 0
+    first_line: int = 1
+
+
+def _blank(line: bytes) -> bool:
+    """Whether :meth:`CorpusSource._read_lines` skips this line as blank (``str.strip()``
+    also strips Unicode spaces, so decode what ASCII stripping leaves unless it is JSON)."""
+    s = line.strip()
+    return not s or (not s.startswith(b"{") and not s.decode("utf-8", "replace").strip())
 
 
 def _json_object(line: str, where: str, hint: str = "") -> dict:

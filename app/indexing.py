@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,7 @@ class IndexJob:
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
             t.settings = {"source": source or {}, **engine, "pooler": t.spec}
+        self.engine: dict[str, Any] = {"engine": "in-process"}  # where embedding ran (set by an engine)
         self.records_read = 0
         self.records_indexed = 0
         self.tokens = 0
@@ -283,51 +284,43 @@ class IndexJob:
         self.close()
 
     @property
+    def where(self) -> dict[str, Any]:
+        """The backend, Milvus URI and token the collections live in (``open_collection`` keywords)."""
+        return dict(self._where)
+
+    @property
     def start(self) -> int:
         return min(t.committed for t in self.targets.values())
 
     # -- the loop
     def run(self, records: Iterable[Record], total: int | None = None) -> dict[str, Any]:
-        """Index ``records`` (the whole corpus, from its first record: already committed ones
-        are skipped). Returns the summary (see :meth:`summary`)."""
+        """Index ``records`` in this process (the whole corpus, from its first record: already
+        committed ones are skipped). Returns the summary (see :meth:`summary`)."""
+        return self.drive(self._embedded_here(records), total)
+
+    def drive(self, blocks: Iterable["EmbeddedBlock"], total: int | None = None) -> dict[str, Any]:
+        """Write embedded blocks in corpus order, committing every ``commit_every`` records --
+        the part of the job every engine shares. ``blocks`` (from :meth:`run`'s own loop, or
+        from a distributed engine) start at :attr:`start`; the engine sets :attr:`records_read`."""
         if any(t.coll is None for t in self.targets.values()):
             self.open()
         t_start = time.perf_counter()
         start = self.start
-        checks = {t.committed - 1: t for t in self.targets.values() if t.committed > 0}
-        bar = None
+        self._bar = None
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, initial=start, unit="doc", dynamic_ncols=True, file=sys.stderr,
-                       desc=f"indexing {self.name}", smoothing=0.1,
-                       mininterval=0.5 if sys.stderr.isatty() else 30)
+            self._bar = tqdm(total=total, initial=start, unit="doc", dynamic_ncols=True, file=sys.stderr,
+                             desc=f"indexing {self.name}", smoothing=0.1,
+                             mininterval=0.5 if sys.stderr.isatty() else 30)
         if start:
             self.log(f"resuming {self.name}: {start} records already committed")
-        chunk: list[tuple[int, Record]] = []
-        pos = -1
         self._since_commit = 0
-        self._bar = bar
         with _DeferSigint() as guard:
             self._guard = guard
             try:
-                for pos, rec in enumerate(records):
-                    if pos in checks:
-                        for t in [x for x in self.targets.values() if x.committed - 1 == pos]:
-                            if rec.id != t.last_id:
-                                raise IndexJobError(
-                                    f"the corpus changed since collection {t.name!r} was indexed: record "
-                                    f"{pos} is {rec.id!r}, it was {t.last_id!r}; use another --collection "
-                                    "name (or delete the collection) to index this corpus")
-                    if pos < start:
-                        continue
-                    chunk.append((pos, rec))
-                    if (pos + 1) % self.batch_docs == 0:
-                        self._process(chunk)
-                        chunk = []
-                if chunk:
-                    self._process(chunk)
-                self.records_read = pos + 1
+                for block in blocks:
+                    self._write(block)
                 for t in self.targets.values():
                     if t.committed > self.records_read:
                         raise IndexJobError(
@@ -343,61 +336,81 @@ class IndexJob:
                          "committed; rerun the same command to continue")
                 raise
             finally:
-                if bar is not None:
-                    bar.close()
+                if self._bar is not None:
+                    self._bar.close()
         self.elapsed = time.perf_counter() - t_start
         return self.summary()
 
-    def _process(self, chunk: list[tuple[int, Record]]) -> None:
+    def plan(self) -> dict[str, Any]:
+        """What an engine needs to embed the rest of the corpus the way :meth:`run` does."""
+        return {"start": self.start, "batch_docs": self.batch_docs, "specs": [t.spec for t in self.targets.values()],
+                "checks": {t.committed - 1: (t.last_id, t.name) for t in self.targets.values() if t.committed > 0},
+                "normalize": self.normalize, "dimensions": self.dimensions}
+
+    def _embedded_here(self, records: Iterable[Record]) -> Iterator["EmbeddedBlock"]:
+        """The in-process engine: batches of ``batch_docs`` records (at multiples of it, as
+        every engine cuts them), embedded in this process."""
+        start = self.start
+        checks = self.plan()["checks"]
+        chunk: list[tuple[int, Record]] = []
+        pos = -1
+        for pos, rec in enumerate(records):
+            if pos in checks:
+                check_position(pos, rec, *checks[pos])
+            if pos < start:
+                continue
+            chunk.append((pos, rec))
+            if (pos + 1) % self.batch_docs == 0:
+                yield self._embed_chunk(chunk)
+                chunk = []
+        if chunk:
+            yield self._embed_chunk(chunk)
+        self.records_read = pos + 1
+
+    def _embed_chunk(self, chunk: list[tuple[int, Record]]) -> "EmbeddedBlock":
         end = chunk[-1][0] + 1
         active = [t for t in self.targets.values() if t.added < end]
-        if not active:
-            return
-        first = min(t.added for t in active)
-        recs = [(p, r) for p, r in chunk if p >= first]
-        # duplicate ids inside one batch: the last one wins (as an upsert in a later batch would)
-        last_of: dict[str, int] = {}
-        for j, (_, r) in enumerate(recs):
-            last_of[r.id] = j
-        keep = sorted(last_of.values())
-        texts = [recs[j][1].text for j in keep]
-        n_plans = len({t.plan for t in active})
+        first = min((t.added for t in active), default=end)
+        n_plans = max(len({t.plan for t in active}), 1)
         progress = [0.0]
 
         def on_batch(n_texts: int, tokens: int) -> None:
-            self.tokens += tokens
             if self._bar is not None:
                 progress[0] += n_texts / n_plans
                 step = int(progress[0])
                 if step:
                     progress[0] -= step
                     self._bar.update(step)
+
+        return embed_records(self.embedder, [(p, r) for p, r in chunk if p >= first], end, chunk[-1][1].id,
+                             [t.spec for t in active], normalize=self.normalize,
+                             dimensions=self.dimensions, on_batch=on_batch)
+
+    def _write(self, block: "EmbeddedBlock") -> None:
+        """Add one embedded block to every collection that does not hold it yet (a block the
+        workers already wrote only moves the job state on), committing every ``commit_every``."""
+        with self._guard.critical():
+            for t in self.targets.values():
+                if t.added >= block.end:
+                    continue  # resumed at a later commit than this block
+                sel = [i for i, p in enumerate(block.positions) if p >= t.added]
+                if sel and block.vectors is not None:
+                    vec = [block.vectors[t.spec][i] for i in sel]
+                    t.coll.add([block.ids[i] for i in sel], vec if t.multi else np.stack(vec),
+                               texts=[block.texts[i] for i in sel] if self.store_text else None,
+                               metadata=[block.metadata[i] for i in sel],
+                               model=self.embedder.model_id, pooler=t.spec)
+                t.encode_seconds += block.seconds.get(t.spec, 0.0) * (len(sel) / max(len(block.positions), 1))
+                t.added = block.end
+                t.last_id = block.last_id
+            self.records_indexed += block.read
+            self.tokens += block.tokens
+            self._since_commit += block.read
+            if self._bar is not None:
+                self._bar.update(block.end - self._bar.n)
                 el = self._bar.format_dict.get("elapsed") or 0
                 if el:
                     self._bar.set_postfix_str(f"{self.tokens / el:,.0f} tok/s", refresh=False)
-
-        before = self._bar.n if self._bar is not None else 0
-        emb = embed_by_plan(self.embedder, texts, [t.spec for t in active], "document",
-                            normalize=self.normalize, dimensions=self.dimensions, on_batch=on_batch)
-        vectors, seconds = emb.vectors, emb.seconds
-        if self._bar is not None:
-            self._bar.update(before + len(recs) - self._bar.n)
-        with self._guard.critical():
-            for t in active:
-                # a target that is ahead (resumed at a later commit) only takes its new records
-                sel = [i for i, j in enumerate(keep) if recs[j][0] >= t.added]
-                ids = [recs[keep[i]][1].id for i in sel]
-                vec = [vectors[t.spec][i] for i in sel]
-                if ids:
-                    t.coll.add(ids, vec if t.multi else np.stack(vec),
-                               texts=[texts[i] for i in sel] if self.store_text else None,
-                               metadata=[recs[keep[i]][1].metadata for i in sel],
-                               model=self.embedder.model_id, pooler=t.spec)
-                t.encode_seconds += seconds[t.spec] * (len(sel) / max(len(keep), 1))
-                t.added = end
-                t.last_id = chunk[-1][1].id
-            self.records_indexed += len(recs)
-            self._since_commit += len(recs)
             if self._since_commit >= self.commit_every:
                 self._commit_all()
 
@@ -428,6 +441,7 @@ class IndexJob:
                          "encode_seconds": round(t.encode_seconds, 3)})
         secs = self.elapsed
         return {"collection": self.name, "data_dir": str(self.data_dir), "backend": self.backend,
+                "engine": self.engine,
                 "milvus_uri": self._where["milvus_uri"], "records": self.records_read,
                 "indexed_this_run": self.records_indexed, "seconds": round(secs, 3),
                 "docs_per_s": round(self.records_indexed / secs, 2) if secs else None,
@@ -438,6 +452,80 @@ class IndexJob:
 # Recorded in the job state but not compared on resume: vectors of fp32 and of any encoder path
 # within the quality bar are compatible (poolers/precision.py), so `auto` on another CPU may continue a job.
 _RECORDED_ONLY = frozenset({"encoder_precision"})
+
+
+# ---------------------------------------------------------------------------------- shared by the engines
+@dataclass
+class EmbeddedBlock:
+    """One block of the corpus, embedded: what every engine hands to :meth:`IndexJob.drive`.
+
+    Attributes:
+        positions, ids, texts, metadata: the records kept (a duplicate id inside the block:
+            its last record), in corpus order.
+        vectors: per spec, one vector (or ``[n_i, D]`` array) per kept record; ``None`` when the
+            workers wrote them to the collections themselves.
+        seconds: per spec, the time it took to embed the block with it.
+        tokens: tokens through the encoder.
+        end: the position after the block's last record; last_id: that record's id.
+        read: records of the block embedded (kept or not).
+    """
+
+    positions: list[int]
+    ids: list[str]
+    texts: list[str]
+    metadata: list[dict | None]
+    vectors: dict[str, list[np.ndarray]] | None
+    seconds: dict[str, float]
+    tokens: int
+    end: int
+    last_id: str
+    read: int
+
+
+def check_position(pos: int, rec: Record, expected_id: str | None, collection: str) -> None:
+    """The record at a committed position must still be the one indexed there."""
+    if rec.id != expected_id:
+        raise IndexJobError(
+            f"the corpus changed since collection {collection!r} was indexed: record {pos} is {rec.id!r}, "
+            f"it was {expected_id!r}; use another --collection name (or delete the collection) to index "
+            "this corpus")
+
+
+def embed_records(embedder, recs: list[tuple[int, Record]], end: int, last_id: str, specs: list[str], *,
+                  normalize: bool = True, dimensions: int | None = None,
+                  on_batch: Callable[[int, int], None] | None = None) -> EmbeddedBlock:
+    """Embed one block of ``(position, record)`` with every spec -- the same code in this
+    process and on a Ray worker. A record the encoder refuses fails the block with an
+    :class:`IndexJobError` naming it."""
+    last_of: dict[str, int] = {}  # duplicate ids inside one block: the last one wins (as a later upsert would)
+    for j, (_, r) in enumerate(recs):
+        last_of[r.id] = j
+    keep = [recs[j] for j in sorted(last_of.values())]
+    texts = [r.text for _, r in keep]
+    if not keep or not specs:
+        return EmbeddedBlock([], [], [], [], {s: [] for s in specs}, {}, 0, end, last_id, len(recs))
+    try:
+        emb = embed_by_plan(embedder, texts, specs, "document", normalize=normalize, dimensions=dimensions,
+                            on_batch=on_batch)
+    except InvalidError as e:
+        raise IndexJobError(f"{_culprit(keep)}: {e}") from e
+    return EmbeddedBlock([p for p, _ in keep], [r.id for _, r in keep], texts, [r.metadata for _, r in keep],
+                         emb.vectors, emb.seconds, emb.tokens, end, last_id, len(recs))
+
+
+def _culprit(keep: list[tuple[int, Record]]) -> str:
+    """The record of a block the encoder refused: the first whose text is no valid string, else
+    the block's range."""
+    for pos, r in keep:
+        try:
+            if isinstance(r.text, str):
+                r.text.encode("utf-8")
+                continue
+            why = f"its text is {type(r.text).__name__}, not a string"
+        except UnicodeEncodeError:
+            why = "its text is not valid Unicode"
+        return f"record {pos} (id {r.id!r}) cannot be embedded ({why})"
+    return f"records {keep[0][0]}-{keep[-1][0]} (ids {keep[0][1].id!r}..{keep[-1][1].id!r}) cannot be embedded"
 
 
 def _diff_settings(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -75,6 +75,10 @@ class Capabilities:
         measures_disk_usage: ``stats()["bytes_on_disk"]`` is measured (else ``None``).
         multi_process: other processes may open the collection at the same time (FAISS folders,
             Milvus servers; not a Milvus Lite file, which one process holds).
+        concurrent_writers: several processes (on several machines) may ``add`` to it at the
+            same time, each its own documents, and one ``commit()`` makes all of them durable
+            (a Milvus server); otherwise one writer at a time (a FAISS folder is locked by its
+            writer, a Milvus Lite file is held by one process).
     """
 
     supports_token_ann: bool
@@ -82,6 +86,7 @@ class Capabilities:
     transactional: bool
     measures_disk_usage: bool
     multi_process: bool
+    concurrent_writers: bool = False
 
 
 @dataclass(frozen=True)

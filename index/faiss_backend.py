@@ -130,7 +130,7 @@ class Collection(CollectionBase):
         self._store_cls = STORES[self.spec.kind]
         self.capabilities = Capabilities(
             supports_token_ann=self._store_cls.supports_token_ann, token_index_on_insert=False,
-            transactional=True, measures_disk_usage=True, multi_process=True)
+            transactional=True, measures_disk_usage=True, multi_process=True, concurrent_writers=False)
         self._manifest = manifest
         self._db = DocStore(self.folder / DB_NAME)
         # a second connection, only to read the committed generation: refresh() never waits

@@ -37,12 +37,27 @@ def register(sub) -> None:
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     p.add_argument("--no-text", action="store_true", help="do not keep document texts in the collection")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    eng = p.add_argument_group("engine of the job")
+    eng.add_argument("--engine", choices=["in-process", "ray"], default="in-process",
+                     help="where embedding runs: this process (default), or Ray Data workers (a local Ray "
+                          "on this machine's cores, or the cluster at --ray-address)")
+    eng.add_argument("--ray-address", metavar="ADDRESS",
+                     help="join this Ray cluster (host:6379, or ray://host:10001) instead of starting a local Ray")
+    eng.add_argument("--workers", type=int, metavar="N",
+                     help="--engine ray: embedding actors, one encoder each (default 1)")
+    eng.add_argument("--worker-threads", type=int, metavar="N",
+                     help="--engine ray: torch threads (and Ray CPUs) per worker (default: the cluster's "
+                          "CPUs shared out, at most one node's)")
 
 
 def run(args: argparse.Namespace) -> int:
     from embedpool.app.datasets import CorpusSource
     from embedpool.app.indexing import IndexJob, format_summary
 
+    if args.engine != "ray" and (args.ray_address or args.workers or args.worker_threads):
+        from embedpool.app.cli import UsageError
+
+        raise UsageError("--ray-address, --workers and --worker-threads apply to --engine ray only")
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)
@@ -55,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
                    normalize=not args.no_normalize, store_text=not args.no_text,
                    progress=not args.no_progress, **settings.store())
     with job:
-        total = source.count()
-        summary = job.run(source.records(), total=total)
+        if args.engine == "ray":
+            from embedpool.app.rayjob import run_on_ray
+
+            summary = run_on_ray(job, source, settings.model_dump(), address=args.ray_address,
+                                 workers=args.workers or 1, threads=args.worker_threads)
+        else:
+            summary = job.run(source.records(), total=source.count())
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

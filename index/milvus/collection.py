@@ -124,7 +124,8 @@ class MilvusCollection(CollectionBase):
         self._closed = False
         self.capabilities = Capabilities(
             supports_token_ann=self._multi, token_index_on_insert=True, transactional=False,
-            measures_disk_usage=False, multi_process=not is_lite(self.uri))
+            measures_disk_usage=False, multi_process=not is_lite(self.uri),
+            concurrent_writers=not is_lite(self.uri))
 
     @property
     def _client(self) -> Any:

@@ -170,3 +170,61 @@ def test_tsv_readers_agree_with_pandas_on_the_shared_data(data_dir):
         if score > 0:
             want.setdefault(qid, {})[did] = score
     assert datasets.load_qrels(data_dir / "scifact" / "qrels" / "train.tsv") == want
+
+
+# ------------------------------------------------------------------ slices (the Ray engine's reads)
+def _by_slices(src: CorpusSource, size: int) -> list[Record]:
+    out = []
+    for s in src.slices(size):
+        got = list(src.read_slice(s))
+        assert len(got) == s.stop - s.start
+        out += got
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 100])
+def test_slices_read_the_same_records_as_the_stream(tmp_path, size):
+    p = tmp_path / "corpus.jsonl"
+    p.write_text('\n{"_id": "a", "title": "T", "text": "one"}\n  \n\u00a0\n{"_id": "b", "text": "two ü"}\r\n'
+                 '{"_id": "c", "title": null, "text": "three", "metadata": {"k": 1}}\n\n{"_id": "d", "text": ""}')
+    src = CorpusSource(str(p))
+    assert _by_slices(src, size) == list(src.records()) and len(list(src.records())) == 4
+    assert [s.start for s in src.slices(size)] == list(range(0, 4, size))
+    t = tmp_path / "lines.txt"
+    t.write_text("first\n\nthird\nfourth\n")
+    src = CorpusSource(str(t))
+    assert _by_slices(src, size) == list(src.records())
+    assert [r.id for r in src.records()] == ["0", "1", "2", "3"]
+
+
+def test_slices_of_parquet_across_row_groups(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2500
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(n)], "text": [f"text {i}" for i in range(n)]}),
+                   tmp_path / "c.parquet", row_group_size=700)
+    src = CorpusSource(str(tmp_path / "c.parquet"))
+    assert _by_slices(src, 256) == list(src.records())
+    assert list(src.read_slice(src.slices(1000)[1]))[0] == Record("p1000", "text 1000")
+    pq.write_table(pa.table({"id": ["x", "y"], "text": pa.array([1, 2])}), tmp_path / "bad.parquet")
+    with pytest.raises(DatasetError, match=r"row 0: column 'text' is int, expected a string"):
+        list(CorpusSource(str(tmp_path / "bad.parquet")).records())
+
+
+def test_slice_errors_name_the_same_line_as_the_stream(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(f'{{"id": "d{i}", "text": "t{i}"}}\n' for i in range(7)) + '\n{"id": "z", "text": 3}\n')
+    src = CorpusSource(str(p))
+    with pytest.raises(DatasetError, match=r"line 9: field 'text' is int") as stream:
+        list(src.records())
+    last = src.slices(3)[-1]
+    assert (last.start, last.first_line) == (6, 7)
+    with pytest.raises(DatasetError) as sliced:
+        list(src.read_slice(last))
+    assert str(sliced.value) == str(stream.value)
+    with pytest.raises(DatasetError, match="stdin"):
+        CorpusSource("-").slices(10)
+    p.write_text('{"id": "a", "text": "x"}\n')  # the file changed under its slices
+    with pytest.raises(DatasetError, match="changed"):
+        list(src.read_slice(src.slices(3)[0].__class__(0, 0, 3, 0, 100, 1)))

@@ -4,11 +4,6 @@ setting changes, one forward pass per tokenization plan, and the index/search CL
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +11,9 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
-from embedpool.errors import EmbedpoolError
 from embedpool.index import Collection
+from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
-ROOT = Path(__file__).resolve().parents[2]
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
 
 
@@ -44,31 +38,6 @@ def _corpus(path: Path, data_dir: Path, n: int, chars: int = 400) -> list[Record
     return recs
 
 
-def _state(folder: Path) -> dict | None:
-    """The job state committed in the collection at ``folder`` (None while there is none)."""
-    try:
-        with Collection.open(folder.parent, folder.name) as coll:
-            raw = coll.get_property(JOB_PROPERTY)
-        return json.loads(raw) if raw else None
-    except (OSError, EmbedpoolError):  # not created yet, or not a collection
-        return None
-
-
-def _assert_same_collections(a: Path, b: Path, names: list[str], n: int) -> None:
-    for name in names:
-        with Collection.open(a, name) as ca, Collection.open(b, name) as cb:
-            assert ca.ids() == cb.ids(), name
-            assert len(ca) == len(cb) == n, name  # no duplicates, nothing missing
-            assert ca.stats()["tombstones"] == 0
-            assert ca.stats()["vectors"] == cb.stats()["vectors"], name
-            for i in ca.ids():
-                ga, gb = ca.get(i), cb.get(i)
-                key = "vector" if "vector" in ga else "vectors"
-                assert ga[key].shape == gb[key].shape, (name, i)
-                np.testing.assert_allclose(ga[key], gb[key], atol=2e-5, err_msg=f"{name} {i}")
-                assert ga["text"] == gb["text"]
-
-
 def _reference(embedder, corpus_path: Path, out: Path, commit_every=8, batch_docs=8) -> dict:
     src = CorpusSource(str(corpus_path))
     with IndexJob(embedder, out, "sf", POOLERS, source=src.describe(), commit_every=commit_every,
@@ -79,7 +48,6 @@ def _reference(embedder, corpus_path: Path, out: Path, commit_every=8, batch_doc
 # ------------------------------------------------------------------ resumability
 def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp_path, monkeypatch, capsys):
     from embedpool.app import cli
-    from embedpool.app.commands import index as index_cmd
 
     n = 64
     corpus = tmp_path / "corpus.jsonl"
@@ -89,25 +57,8 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
             *sum((["--pooler", p] for p in POOLERS), []), "--commit-every", "8", "--batch-docs", "8",
             "--no-progress", "--precision", "fp32"]  # the in-process rerun below uses the fp32 embedder
     # the interrupted run: a real child process, killed with SIGKILL right after a commit
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "embedpool.app.cli", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 240
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            st = _state(killed / "sf-mean")
-            if st and st["committed_records"] >= 16:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the indexing child ended before it could be killed:\n" + proc.stdout.read().decode()
-        time.sleep(0.2)  # land somewhere inside the next batch
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
-    states = {p.name: _state(p)["committed_records"] for p in killed.iterdir() if _state(p)}
+    kill_mid_run(args, killed / "sf-mean", at_least=16)
+    states = {p.name: job_state(p)["committed_records"] for p in killed.iterdir() if job_state(p)}
     assert set(states) == {"sf-mean", "sf-cluster-pool_factor-2", "sf-landmark"}
     # really interrupted mid-run (collections commit one after the other: they may differ by a batch)
     assert min(states.values()) >= 8 and max(states.values()) < n, states
@@ -115,18 +66,13 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
         with Collection.open(killed, name) as coll:
             assert len(coll) >= c
 
-    # the same command again (in this process, to spare a second model load) continues it
-    monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
-    assert cli.main(args + ["--json"]) == 0
-    out = capsys.readouterr()
-    assert f"resuming sf: {min(states.values())} records already committed" in out.err
-    summary = json.loads(out.out)
-    assert summary["records"] == n and summary["indexed_this_run"] == n - min(states.values())
+    # the same command again continues it
+    summary = resume_in_process(args, embedder, monkeypatch, capsys, min(states.values()), n)
     assert {c["collection"]: c["documents"] for c in summary["collections"]} == {k: n for k in states}
 
     ref = tmp_path / "ref"
     _reference(embedder, corpus, ref)
-    _assert_same_collections(killed, ref, sorted(states), n)
+    assert_same_collections(ref, killed, sorted(states), n, atol=2e-5)
     # the multi-vector collection got the mean collection as its two_stage companion
     with Collection.open(killed, "sf-cluster-pool_factor-2") as c:
         assert c.spec.companion == "sf-mean" and c.spec.kind == "multi"
@@ -154,8 +100,8 @@ def test_ctrl_c_commits_and_resumes(embedder, data_dir, tmp_path):
         with pytest.raises(KeyboardInterrupt):
             job.run(interrupted())
     # the 5 whole batches (20 records) were committed on the way out
-    assert _state(out / "sf-mean")["committed_records"] == 20
-    assert _state(out / "sf-tokens")["last_id"] == recs[19].id
+    assert job_state(out / "sf-mean")["committed_records"] == 20
+    assert job_state(out / "sf-tokens")["last_id"] == recs[19].id
     with IndexJob(embedder, out, "sf", ["mean", "tokens"], source=src.describe(), commit_every=100,
                   batch_docs=4, progress=False) as job:
         assert job.start == 20
@@ -164,7 +110,7 @@ def test_ctrl_c_commits_and_resumes(embedder, data_dir, tmp_path):
     ref = tmp_path / "ref"
     with IndexJob(embedder, ref, "sf", ["mean", "tokens"], source=src.describe(), progress=False) as job:
         job.run(src.records())
-    _assert_same_collections(out, ref, ["sf-mean", "sf-tokens"], n)
+    assert_same_collections(ref, out, ["sf-mean", "sf-tokens"], n, atol=2e-5)
 
 
 def test_a_collection_with_the_old_job_file_resumes(embedder, data_dir, tmp_path):
@@ -189,19 +135,19 @@ def test_a_collection_with_the_old_job_file_resumes(embedder, data_dir, tmp_path
         with pytest.raises(KeyboardInterrupt):
             job.run(first_half())
     # turn it into the old layout: the state in indexjob.json, nothing in the document store
-    state = _state(out / "c")
+    state = job_state(out / "c")
     assert state["committed_records"] == 8
     (out / "c" / "indexjob.json").write_text(json.dumps(state, indent=2) + "\n")
     with sqlite3.connect(out / "c" / "docs.sqlite") as db:
         db.execute("DELETE FROM meta WHERE key = ?", ("property:" + JOB_PROPERTY,))
-    assert _state(out / "c") == state  # read through the old file
+    assert job_state(out / "c") == state  # read through the old file
 
     with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), batch_docs=4, progress=False) as job:
         assert job.start == 8
         s = job.run(src.records())
     assert s["indexed_this_run"] == 8 and s["collections"][0]["documents"] == n
     assert not (out / "c" / "indexjob.json").exists()
-    assert _state(out / "c")["committed_records"] == n
+    assert job_state(out / "c")["committed_records"] == n
 
 
 def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp_path):
