@@ -86,8 +86,9 @@ def test_image_settings_exist():
 
     names = set(re.findall(r"EMBEDPOOL_([A-Z_]+)", DOCKERFILE.read_text() + COMPOSE.read_text()))
     fields = {f.upper() for f in Settings.model_fields}
-    # compose's host-side ports (EMBEDPOOL_PUBLISH_PORT, EMBEDPOOL_API_MILVUS_PUBLISH_PORT) only
-    unknown = {n for n in names - fields if not n.endswith("PUBLISH_PORT")}
+    # compose's host-side names only: ports (EMBEDPOOL_PUBLISH_PORT, EMBEDPOOL_API_MILVUS_PUBLISH_PORT)
+    # and the corpus folder the Ray nodes mount (EMBEDPOOL_CORPUS_DIR)
+    unknown = {n for n in names - fields if not n.endswith("PUBLISH_PORT") and n != "CORPUS_DIR"}
     assert not unknown, unknown
     assert {"BACKEND", "MILVUS_URI"} <= names
 
@@ -122,8 +123,10 @@ def _default(value) -> str:
     return re.sub(r"\$\{[A-Z0-9_]+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", str(value))
 
 
-def _mounts(service: dict) -> list[tuple[str, str]]:
-    return [tuple(v.split(":")[:2]) for v in service.get("volumes", [])]
+def _mounts(service: dict, writable_only: bool = False) -> list[tuple[str, str]]:
+    """(source, target) of each volume (with ``writable_only``: not the ``:ro`` ones)."""
+    vols = [_default(v).split(":") for v in service.get("volumes", [])]
+    return [(v[0], v[1]) for v in vols if not (writable_only and v[2:] == ["ro"])]
 
 
 def _host_ports(service: dict) -> list[str]:
@@ -163,6 +166,7 @@ def test_compose_default_profile_is_the_faiss_api_only():
     services = _compose()["services"]
     default = {name for name, svc in services.items() if not svc.get("profiles")}
     assert default == {"api"}
+    assert {p for svc in services.values() for p in svc.get("profiles", [])} == {"milvus", "ray"}
     env = services["api"]["environment"]
     assert _default(env.get("EMBEDPOOL_BACKEND", "faiss")) == "faiss"
     assert "EMBEDPOOL_MILVUS_URI" not in env
@@ -199,8 +203,8 @@ def test_compose_milvus_profile_standalone_etcd_minio_on_named_volumes():
         mounts = dict((dst, src) for src, dst in _mounts(svc))
         assert path in mounts, f"{name}: no volume on {path}"
         assert mounts[path] in volumes, f"{name}: {mounts[path]!r} is not a named volume"
-    # every service has its own volume: no two write the same data
-    sources = [src for svc in services.values() for src, _ in _mounts(svc)]
+    # every service has its own volume: no two write the same data (the Ray nodes' corpus is read-only)
+    sources = [src for svc in services.values() for src, _ in _mounts(svc, writable_only=True)]
     assert len(sources) == len(set(sources))
     # etcd and MinIO stay on the compose network
     assert not services["milvus-etcd"].get("ports") and not services["milvus-minio"].get("ports")
@@ -231,3 +235,61 @@ def test_compose_api_milvus_points_at_the_standalone_service():
     ports = _host_ports(api) + _host_ports(api_m) + _host_ports(services["milvus-standalone"])
     assert len(ports) == len(set(ports)), ports
 
+
+
+# ------------------------------------------------------------------ profile "ray"
+RAY_PROFILE = {"ray-head", "ray-worker"}
+
+
+def _flag(command: list[str], name: str) -> str:
+    """The value of ``--name=value`` in a ``ray start`` command (with compose defaults)."""
+    values = [_default(c).split("=", 1)[1] for c in command if c.startswith(f"--{name}=")]
+    assert len(values) == 1, (name, command)
+    return values[0]
+
+
+def test_compose_ray_profile_head_and_workers():
+    """The `ray` profile: a Ray head and workers that join it, from the embedpool image (which has
+    Ray: a dependency), one auth token, shared memory for the object store, health by `ray status`."""
+    services, volumes = _compose()["services"], _compose()["volumes"]
+    profile = {name for name, svc in services.items() if "ray" in svc.get("profiles", [])}
+    assert profile == RAY_PROFILE
+    head, worker, api = services["ray-head"], services["ray-worker"], services["api"]
+    for svc in (head, worker):
+        assert svc["image"] == api["image"] and svc["build"] == api["build"]
+        assert svc["command"][:2] == ["ray", "start"] and "--block" in svc["command"]
+        assert svc["environment"]["RAY_AUTH_MODE"] == "token"
+        assert svc["environment"]["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:-}"
+        assert svc.get("shm_size"), "Ray's object store lives in /dev/shm (64 MB by default in Docker)"
+        test = svc["healthcheck"]["test"]  # not the image's GET /health: no API runs there
+        assert test[:3] == ["CMD", "ray", "status"], test
+        assert not svc.get("ports"), "the Ray ports stay on the compose network"
+    assert "--head" in head["command"] and _flag(head["command"], "num-cpus") == "0"
+    port = _flag(head["command"], "port")
+    assert _flag(worker["command"], "address") == f"ray-head:{port}"
+    assert int(_flag(worker["command"], "num-cpus")) >= 1
+    assert worker["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+    # the corpus at the same path on every node, read-only; the driver's collections on a named volume
+    corpus = {dst: src for src, dst in _mounts(head)}.get("/corpus")
+    assert corpus and {dst: src for src, dst in _mounts(worker)}.get("/corpus") == corpus
+    assert ("/corpus" not in dict((d, s) for s, d in _mounts(head, writable_only=True)))
+    data_dir = _env(_final_stage())["EMBEDPOOL_DATA_DIR"]
+    data = {dst: src for src, dst in _mounts(head)}[data_dir]
+    assert data in volumes and data_dir not in {dst for _, dst in _mounts(worker)}
+
+
+def test_readme_ray_job_command_runs_against_the_compose_cluster():
+    """The README's job command parses with the real CLI and points at the compose cluster: the
+    head's address and port, a corpus under the nodes' shared /corpus, collections in the head's /data."""
+    from embedpool.app.cli import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"docker compose exec ray-head (embedpool index (?:[^\n\\]|\\\n)*)", readme)
+    assert m, "README: no `docker compose exec ray-head embedpool index ...` command"
+    argv = shlex.split(m.group(1).replace("\\\n", " "))[1:]
+    args = build_parser().parse_args(argv)
+    head = _compose()["services"]["ray-head"]
+    assert args.engine == "ray" and args.ray_address == f"ray-head:{_flag(head['command'], 'port')}"
+    assert args.corpus.startswith("/corpus/")
+    assert (args.data_dir or _env(_final_stage())["EMBEDPOOL_DATA_DIR"]) in {d for _, d in _mounts(head)}
+    assert args.workers >= 1
