@@ -237,8 +237,9 @@ def _unwrap(e: BaseException) -> BaseException:
         c = cause if isinstance(cause, BaseException) else c.__cause__
     if found is None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return RayJobError(f"the Ray job failed ({type(e).__name__}: {first}); rerun the same command "
-                           "to continue after the last commit")
+        return RayJobError(f"the Ray job failed ({type(e).__name__}: {first}); Ray's logs are in "
+                           "/tmp/ray/session_latest/logs on each node; rerun the same command to continue "
+                           "after the last commit")
     msg = getattr(found, "embedpool_message", None)
     if msg is not None:
         found.args = (msg,)
@@ -333,6 +334,11 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
                                    model=(job.embedder.model_id, job.embedder.dim)),
         num_cpus=threads, runtime_env={"env_vars": env})
     expect = iter(todo)
+    # Ray Data logs every failed task as a bug of its own ("open an issue") before it raises; the
+    # error raised here says what failed (Ray's own logs keep the whole story)
+    quiet = logging.getLogger("ray.data")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1):
             for block in _blocks_of(batch, specs, shapes):
@@ -345,3 +351,5 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
         raise
     except Exception as e:  # noqa: BLE001 -- every failure of the Ray job is mapped here
         raise _unwrap(e) from None
+    finally:
+        quiet.setLevel(level)
