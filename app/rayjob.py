@@ -35,9 +35,11 @@ blocks after the last commit are not committed, so FAISS discards them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -275,12 +277,24 @@ def default_threads(workers: int) -> int:
 def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, address: str | None = None,
                workers: int = 1, threads: int | None = None) -> dict[str, Any]:
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
-    import ray
-
     if source.is_stdin:
         raise IndexJobError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
     if workers < 1:
         raise IndexJobError("--workers must be >= 1")
+    # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
+    # vectors are all made by the one path its manifest records
+    path = getattr(job.embedder.encoder, "precision", None)
+    engine_settings = {**engine_settings, **({"precision": path} if path else {})}
+    # Ray prints its cluster's console messages (e.g. raylet warnings) to this process's stdout,
+    # which carries the job's summary (``--json``): they go to stderr instead
+    with contextlib.redirect_stdout(sys.stderr):
+        return _run(job, source, engine_settings, address, workers, threads)
+
+
+def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: str | None, workers: int,
+         threads: int | None) -> dict[str, Any]:
+    import ray
+
     started = connect(address)
     try:
         threads = threads or default_threads(workers)

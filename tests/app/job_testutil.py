@@ -79,9 +79,11 @@ def resume_in_process(args: list[str], embedder, monkeypatch, capsys, committed:
     from embedpool.app.commands import index as index_cmd
 
     monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
+    capsys.readouterr()  # drop what this process printed before (e.g. Ray's console messages)
     assert cli.main(args + ["--json"]) == 0
     out = capsys.readouterr()
     assert f"resuming sf: {committed} records already committed" in out.err
+    assert out.out.lstrip().startswith("{"), "stdout is not the JSON summary:\n" + out.out[:2000]
     summary = json.loads(out.out)
     assert summary["records"] == n and summary["indexed_this_run"] == n - committed
     return summary

@@ -101,7 +101,7 @@ def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embe
     args = ["index", src.path, "--data-dir", str(out), "--collection", "sf",
             *sum((["--pooler", p] for p in POOLERS), []), "--commit-every", str(COMMIT),
             "--batch-docs", str(BATCH), "--no-progress", "--engine", "ray", "--ray-address", ray_address,
-            "--workers", "2", "--worker-threads", "1"]
+            "--workers", "2", "--worker-threads", "1", "--precision", "fp32"]  # the rerun uses the fp32 embedder
     kill_mid_run(args, out / "sf-mean", at_least=2 * COMMIT, settle=0.5, timeout=300)
     states = {name: job_state(out / name)["committed_records"] for name in NAMES}
     assert min(states.values()) >= 2 * COMMIT and max(states.values()) < N_DOCS, states
