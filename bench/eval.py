@@ -56,6 +56,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small slices (smoke test of the runs)")
     ap.add_argument("--work", default="/tmp/embedpool-bench-eval", help="kept collections (resumable)")
     ap.add_argument("--paths", nargs="+", help="precision suite: encoder paths (default: all this CPU runs)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="precision suite: keep a path's result from an earlier run (its JSON) instead of running it again")
     args = ap.parse_args()
     if args.suites == ["precision"]:
         return precision_suite(args)
@@ -102,7 +104,7 @@ def precision_suite(args) -> int:
             cmd += ["--max-docs", "100"]
         print("$", " ".join(cmd), f"  (load average {os.getloadavg()[0]:.1f})", flush=True)
         t = time.time()
-        if subprocess.call(cmd, cwd=ROOT, env=env):
+        if not (args.reuse and out.exists()) and subprocess.call(cmd, cwd=ROOT, env=env):
             return 1
         rep = json.loads(out.read_text())
         row = next(r for r in rep["results"] if r["pooler"] == "mean")

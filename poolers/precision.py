@@ -108,16 +108,17 @@ def library_available(library: str) -> bool:
 # The decision, per ISA tier: candidates fastest first, each with the measurement behind it
 # (bench/encode.py; README "Encoding"). The first whose library is installed wins.
 _DECISIONS: dict[str, list[tuple[str, str]]] = {
-    "amx": [("openvino-bf16", "AMX bf16 tiles: OpenVINO bf16 is the fastest path within the bar (static int8 "
-             "misses it, int8 weights are slower than bf16)"),
-            ("bf16-weights", "AMX bf16 tiles, no OpenVINO: torch with bf16 weights")],
-    "avx512_bf16": [("openvino-bf16", "AVX-512-BF16: OpenVINO bf16 is the fastest path within the bar"),
-                    ("bf16-weights", "AVX-512-BF16, no OpenVINO: torch with bf16 weights")],
-    "avx512_vnni": [("openvino-fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar and "
-                     "int8 weights with dynamic activations are not faster than f32; OpenVINO's fused f32 kernels"),
-                    ("fp32", "AVX-512 VNNI without bf16, no OpenVINO: fp32")],
-    "avx512": [("openvino-fp32", "AVX-512 without VNNI/BF16: OpenVINO's fused f32 kernels"),
-               ("fp32", "AVX-512 without VNNI/BF16, no OpenVINO: fp32")],
+    # measured (bench/encode.py, one run, interleaved, on an Emerald Rapids AMX core): torch bf16
+    # weights 3.29x / 2.63x sentence-transformers fp32 on documents / sentences, OpenVINO bf16
+    # 2.08x / 2.06x, torch fp32 1.11x / 1.52x, OpenVINO fp32 0.99x / 1.03x; static int8 misses the bar
+    "amx": [("bf16-weights", "AMX bf16 tiles: torch with bf16 weights is the fastest path within the bar "
+             "(measured: ahead of OpenVINO bf16; static int8 misses the bar)"),
+            ("fp32", "AMX, torch only: fp32")],
+    "avx512_bf16": [("bf16-weights", "AVX-512-BF16: torch with bf16 weights (the AMX machine's fastest path; "
+                     "the same oneDNN bf16 kernels without tiles)")],
+    "avx512_vnni": [("fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar, int8 weights "
+                     "with dynamic activations and OpenVINO f32 are not faster than torch fp32 on AVX-512")],
+    "avx512": [("fp32", "AVX-512 without VNNI/BF16: torch fp32 (OpenVINO f32 is not faster on AVX-512)")],
     "avx_vnni": [("openvino-fp32", "AVX-VNNI (256-bit) without bf16: static int8 misses the quality bar; "
                   "OpenVINO's fused f32 kernels"),
                  ("fp32", "AVX-VNNI without bf16, no OpenVINO: fp32")],
