@@ -189,7 +189,9 @@ def _metric(server, name: str) -> float:
 def test_disconnected_client_work_is_dropped(limited_server):
     """A client that gives up while its request waits in the queue: its inputs are never encoded."""
     before = _metric(limited_server, "embedpool_dropped_inputs_total")
-    slow = [f"{i} " + "a fairly long sentence that keeps the encoder busy for a while " * 3 for i in range(40)]
+    # 60 inputs of ~100 tokens, one per round (the limited server's budget is 64 tokens): well
+    # over a second of fp32 rounds on a fast CPU, so the second request is still queued at 0.3 s
+    slow = [f"{i} " + "a fairly long sentence that keeps the encoder busy for a while " * 8 for i in range(60)]
 
     async def run():
         async with httpx.AsyncClient(base_url=limited_server.url, headers=limited_server.headers,
