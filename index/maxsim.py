@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import InvalidInputError
+from .errors import CorruptCollectionError, InvalidInputError
 
 PRECISIONS = ("float32", "float16", "int8")
 
@@ -57,6 +57,25 @@ def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarra
     if scales is not None:
         out = out * np.asarray(scales, dtype=np.float32)[:, None]
     return out
+
+
+def pack(x: np.ndarray, precision: str) -> bytes:
+    """The stored bytes of token vectors ``[n, dim]``: :func:`quantize`'s codes, then (``int8``)
+    its scales -- the FAISS segments' codes in one buffer, for stores that keep bytes per
+    document (Milvus). :func:`unpack` inverts it."""
+    codes, scales = quantize(x, precision)
+    return codes.tobytes() + (b"" if scales is None else scales.tobytes())
+
+
+def unpack(buf: bytes, n: int, dim: int, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(codes [n, dim], scales [n] | None)`` of :func:`pack`'s bytes of ``n`` vectors."""
+    dtype = np.dtype(precision)
+    size = n * dim * dtype.itemsize
+    if len(buf) != n * bytes_per_vector(dim, precision):
+        raise CorruptCollectionError(f"{len(buf)} bytes are not {n} packed {precision} vectors of dim {dim}")
+    codes = np.frombuffer(buf, dtype=dtype, count=n * dim).reshape(n, dim)
+    scales = np.frombuffer(buf, dtype=np.float32, offset=size) if precision == "int8" else None
+    return codes, scales
 
 
 def bytes_per_vector(dim: int, precision: str) -> int:

@@ -4,16 +4,23 @@
 engine inside this process) or a Milvus server (``http://host:19530``, optional ``token``).
 
 Layout, per embedpool collection ``NAME`` (Milvus collection ``embedpool_<NAME encoded>``,
-:mod:`.names`; fields: :mod:`.schema`): single-vector collections store one row per document,
-multi-vector ones one row per stored vector. The vector index is mapped from the spec's FAISS
-factory string (:mod:`.mapping`: Flat -> FLAT, HNSW<M> -> HNSW, IVF<n>,Flat -> IVF_FLAT,
-IVF<n>,SQ8 -> IVF_SQ8, IVF<n>,PQ<m> -> IVF_PQ); token vectors are indexed with the spec's
-``token_factory``. Candidates come from Milvus (``tokens``: ANN over the token rows;
-``two_stage``: any single-vector collection), then embedpool fetches the candidates' vectors by
-primary key and reranks them by exact MaxSim (:func:`index.maxsim.maxsim_scores`).
-``exhaustive`` reads every row (small collections). ``float16``/``int8`` precisions store the
-dequantized values as float32 (Milvus Lite has no half/int8 vector fields), so rankings equal the
-FAISS backend's for the same spec.
+:mod:`.names`; fields: :mod:`.schema`): single-vector collections store one row per document.
+Multi-vector collections (layout 2, recorded in the manifest as ``milvus_layout``) store one row
+per document with its token vectors packed in the storage precision (float32/float16/int8 codes
+and int8 scales, exactly the FAISS segments' bytes: :mod:`.packed`), split into further rows only
+when one row's ARRAY field cannot hold them; and, in a second Milvus collection
+``<that name>__tokens``, one row per token vector for the token-level ANN index (the spec's
+``token_factory``). The vector index is mapped from the spec's FAISS factory string
+(:mod:`.mapping`: Flat -> FLAT, HNSW<M> -> HNSW, IVF<n>,Flat -> IVF_FLAT, IVF<n>,SQ8 -> IVF_SQ8,
+IVF<n>,PQ<m> -> IVF_PQ). Candidates come from Milvus (``tokens``: ANN over the token rows;
+``two_stage``: any single-vector collection); embedpool then fetches the candidates' packed rows
+in one query (by primary key ``<doc id>#0``, up to 128 documents a query) and reranks them by
+exact MaxSim (:func:`index.maxsim.maxsim_scores`) on the stored codes, as FAISS does, so rankings
+equal the FAISS backend's for the same spec. ``exhaustive`` reads every document row (small
+collections). A multi-vector collection of layout 1 (one row per token vector, embedpool before
+issue 13) is refused on open with a message that says how to rebuild it. Milvus' own
+array-of-struct ``MAX_SIM`` (servers >= 2.6.4) is not used: Milvus Lite 3.2 has no such fields
+(``bench/index.py --backend milvus`` probes it).
 
 The manifest is the collection property ``embedpool.manifest`` and travels with the collection;
 opening with a different spec is refused exactly as for FAISS folders. Other properties
@@ -22,9 +29,10 @@ opening with a different spec is refused exactly as for FAISS folders. Other pro
 Durability: every write is applied to Milvus at once (Milvus' own WAL makes it durable);
 :meth:`MilvusCollection.commit` flushes segments, then stores the staged properties and the
 manifest. Milvus has no multi-row transactions: replacing a multi-vector document upserts its
-rows position by position, then deletes surplus rows of a longer old version. A crash in the
-middle can leave a document with a mix of old and new rows (row 0, read first, is always the new
-one); a search during the upsert may see that mix too. Add the document again to repair it.
+later parts, then its part 0, then its token rows, then deletes surplus rows of a longer old
+version. Every part carries the write's stamp: a crash in the middle that leaves parts of two
+versions is detected on read (:class:`CorruptCollectionError` naming the document); a document
+within one row (the usual case) is replaced atomically. Add the document again to repair it.
 
 Milvus Lite allows one process per ``.db`` (it holds a file lock); to share an index between
 processes or API replicas, run a Milvus server and pass its URI. When Milvus cannot be reached,
@@ -44,6 +52,7 @@ from .collection import MANIFEST_KEY, MilvusCollection
 from .connection import ClientPool, Connection
 from .mapping import milvus_index
 from .names import embedpool_name, milvus_name
+from .schema import tokens_name
 
 __all__ = ["MilvusCollection", "ClientPool", "MANIFEST_KEY", "milvus_index", "milvus_name",
            "embedpool_name", "list_collections", "delete_collection", "default_uri", "BACKEND"]
@@ -75,6 +84,8 @@ def _drop(conn: Connection, name: str) -> None:
             raise NotACollectionError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
         client.drop_collection(mname)
+        if client.has_collection(tokens_name(mname)):  # a multi-vector collection's token rows
+            client.drop_collection(tokens_name(mname))
 
 
 def list_collections(uri: str, *, token: str | None = None) -> list[str]:

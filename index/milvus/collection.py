@@ -14,15 +14,17 @@ import numpy as np
 from ..base import MANIFEST_PROPERTY, Capabilities, CollectionBase, Hit, make_stats
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
-from ..errors import CollectionNotFoundError, DocumentNotFoundError, InvalidInputError, NotACollectionError
-from ..maxsim import dequantize, maxsim_scores, quantize
+from ..errors import (CollectionNotFoundError, DocumentNotFoundError, FormatVersionError, InvalidInputError,
+                      NotACollectionError)
+from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name, new_manifest, parse_manifest
 from ..validate import topk
 from .clock import InsertionClock
 from .connection import ClientPool, Connection, is_lite, not_loaded
 from .mapping import metric, milvus_index, search_params, vector_factory
 from .names import embedpool_name, milvus_name, pk, quote
-from .schema import MAX_ID_BYTES, MAX_TEXT_BYTES, schema
+from .packed import Packing
+from .schema import FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, layout_record, schema, token_schema, tokens_name
 
 log = logging.getLogger("embedpool.index")
 
@@ -43,6 +45,38 @@ def _rows(result: Any) -> list[dict]:
 def _batches(rows: list, step: int) -> Iterator[list]:
     for i in range(0, len(rows), max(1, step)):
         yield rows[i:i + max(1, step)]
+
+
+def _byte_batches(rows: list[dict]) -> Iterator[list[dict]]:
+    """Packed document rows in batches of about :data:`_BATCH_BYTES` of codes (one row at least)."""
+    batch: list[dict] = []
+    size = 0
+    for r in rows:
+        b = 256 + sum(map(len, r["codes"]))
+        if batch and size + b > _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(r)
+        size += b
+    if batch:
+        yield batch
+
+
+def check_layout(manifest: dict[str, Any], name: str, uri: str) -> dict[str, int] | None:
+    """The packed layout of a multi-vector collection (``None`` for single-vector ones); a
+    collection written by an embedpool with another layout is refused, saying how to rebuild it."""
+    if manifest.get("kind") != "multi":
+        return None
+    layout = manifest.get("milvus_layout") or {"version": 1}
+    if layout.get("version") != LAYOUT:
+        raise FormatVersionError(
+            f"multi-vector collection {name!r} in Milvus at {uri} has storage layout "
+            f"{layout.get('version')}{' (one row per token vector)' if layout.get('version') == 1 else ''}, "
+            f"but this embedpool reads layout {LAYOUT} (one row per document, vectors packed); rebuild "
+            f"it: index the corpus again into a new collection (embedpool index CORPUS --backend milvus "
+            f"--milvus-uri {uri} --collection NEW ...), or delete {name!r} (DELETE /collections/{name} "
+            "on the API) and index it again under its name")
+    return layout
 
 
 def read_manifest(conn: Connection, name: str) -> dict[str, Any]:
@@ -104,8 +138,10 @@ class MilvusCollection(CollectionBase):
     @classmethod
     def _open(cls, conn: Connection, name: str) -> "MilvusCollection":
         manifest = read_manifest(conn, name)
-        coll = cls(conn, name, manifest)
+        coll = cls(conn, name, manifest)  # checks the layout
         coll._rpc(f"loading collection {name!r}", "load_collection")
+        if coll._multi:
+            coll._rpc(f"loading collection {name!r}", "load_collection", coll=coll._tname)
         return coll
 
     def __init__(self, conn: Connection, name: str, manifest: dict[str, Any]) -> None:
@@ -119,6 +155,10 @@ class MilvusCollection(CollectionBase):
         self._manifest = manifest
         self._wlock = ClientPool.write_lock(conn, self._mname)
         self._multi = self.spec.kind == "multi"
+        self._tname = tokens_name(self._mname)  # multi: the token rows
+        layout = check_layout(manifest, name, conn.uri)
+        self._packing = None if layout is None else Packing(
+            self.spec.dim, self.spec.precision, layout["element_chars"], layout["row_elements"])
         self._search_base = milvus_index(vector_factory(self.spec))[2]
         self._props: dict[str, str] = {}  # staged properties
         self._closed = False
@@ -132,21 +172,23 @@ class MilvusCollection(CollectionBase):
         """The connection's current client (a new one after Milvus was unreachable)."""
         return self._conn.client()
 
-    def _rpc(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``client.<method>(<this collection>, ...)`` with embedpool errors. A collection that a
-        restarted Milvus has released is loaded again and the call retried once."""
+    def _rpc(self, what: str, method: str, *args: Any, coll: str | None = None, **kwargs: Any) -> Any:
+        """``client.<method>(<this collection>, ...)`` with embedpool errors (``coll``: another
+        Milvus collection of it, the token rows). A collection that a restarted Milvus has
+        released is loaded again and the call retried once."""
         from pymilvus.exceptions import MilvusException
 
+        mname = coll or self._mname
         with self._conn.errors(what):
             call = getattr(self._client, method)
             try:
-                return call(self._mname, *args, **kwargs)
+                return call(mname, *args, **kwargs)
             except MilvusException as e:
                 if method == "load_collection" or not not_loaded(e):
                     raise
             log.warning("collection %r was released by Milvus (restarted?): loading it again", self.name)
-            self._client.load_collection(self._mname)
-            return getattr(self._client, method)(self._mname, *args, **kwargs)
+            self._client.load_collection(mname)
+            return getattr(self._client, method)(mname, *args, **kwargs)
 
     # ---- writes -------------------------------------------------------------------------------
     def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
@@ -163,33 +205,41 @@ class MilvusCollection(CollectionBase):
         with self._wlock:
             self._check_open()
             if self._multi:
-                rows, stale = self._multi_rows(ids, vecs, texts_, meta, seq)
-            else:
-                rows = [{"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m}
-                        for j, (i, t, m) in enumerate(zip(ids, texts_, meta))]
-                stale = []
-            # rows replace the rows of the same (document, position); a document with fewer
-            # vectors than before then loses its surplus rows (readers take n from row 0)
-            for b in _batches(rows, _BATCH_BYTES // (4 * self.spec.dim + 64)):
-                self._rpc(f"upsert into {self.name!r}", "upsert", b)
-            self._delete_rows(stale)
+                return self._add_multi(ids, vecs, texts_, meta, seq)
+            rows = [{"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m}
+                    for j, (i, t, m) in enumerate(zip(ids, texts_, meta))]
+            self._upsert_tokens(rows, None)
 
-    def _multi_rows(self, ids: list[str], vecs: list[np.ndarray], texts: list[str | None],
-                    meta: list[Any], seq: int) -> tuple[list[dict], list[str]]:
-        """The rows of multi-vector documents, and the surplus rows of their old versions."""
-        old_n = {d: r["n"] for d, r in self._heads(ids, ["n"]).items()}
-        rows, stale = [], []
+    def _upsert_tokens(self, rows: list[dict], coll: str | None) -> None:
+        """Upsert rows of one vector each (single-vector documents, token rows)."""
+        for b in _batches(rows, _BATCH_BYTES // (4 * self.spec.dim + 64)):
+            self._rpc(f"upsert into {self.name!r}", "upsert", b, coll=coll)
+
+    def _add_multi(self, ids: list[str], vecs: list[np.ndarray], texts: list[str | None],
+                   meta: list[Any], seq: int) -> None:
+        """Upsert the documents' packed rows -- later parts first, part 0 last, so a reader
+        that finds the new part 0 finds its other parts -- then their token rows, then delete
+        the surplus parts and token rows of longer old versions."""
+        old = self._heads(ids, ["parts", "n"])
+        heads, tails, tokens, stale, stale_tok = [], [], [], [], []
         for j, (i, d, t, m) in enumerate(zip(ids, vecs, texts, meta)):
-            stored = dequantize(*quantize(d, self.spec.precision))  # what FAISS would score
-            rows.extend({"pk": pk(i, p), "doc_id": i, "pos": p, "n": len(stored), "seq": seq + j,
-                         "vector": v, "text": t if p == 0 else None,
-                         "metadata": m if p == 0 else None} for p, v in enumerate(stored))
-            stale.extend(pk(i, p) for p in range(len(stored), old_n.get(i, 0)))
-        return rows, stale
+            rows, stored = self._packing.rows(i, d, seq + j, t, m)
+            heads.append(rows[0])
+            tails.extend(rows[1:])
+            tokens.extend({"pk": pk(i, p), "doc_id": i, "vector": v} for p, v in enumerate(stored))
+            o = old.get(i, {"parts": 0, "n": 0})
+            stale.extend(pk(i, p) for p in range(len(rows), o["parts"]))
+            stale_tok.extend(pk(i, p) for p in range(len(stored), o["n"]))
+        for rows in (tails, heads):
+            for b in _byte_batches(rows):
+                self._rpc(f"upsert into {self.name!r}", "upsert", b)
+        self._upsert_tokens(tokens, self._tname)
+        self._delete_rows(stale)
+        self._delete_rows(stale_tok, self._tname)
 
-    def _delete_rows(self, pks: list[str]) -> None:
+    def _delete_rows(self, pks: list[str], coll: str | None = None) -> None:
         for b in _batches(pks, _DELETE_ROWS):
-            self._rpc(f"delete from {self.name!r}", "delete", ids=b)
+            self._rpc(f"delete from {self.name!r}", "delete", ids=b, coll=coll)
 
     def delete(self, ids: Sequence[str]) -> None:
         """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
@@ -198,8 +248,11 @@ class MilvusCollection(CollectionBase):
             return
         with self._wlock:
             self._refuse_unknown(ids, self._existing(ids))
-            self._delete_rows(ids if not self._multi else
-                              [pk(d, p) for d, r in self._heads(ids, ["n"]).items() for p in range(r["n"])])
+            if not self._multi:
+                return self._delete_rows(ids)
+            heads = self._heads(ids, ["parts", "n"])
+            self._delete_rows([pk(d, p) for d, r in heads.items() for p in range(r["parts"])])
+            self._delete_rows([pk(d, p) for d, r in heads.items() for p in range(r["n"])], self._tname)
 
     def commit(self) -> None:
         """Flush Milvus segments, then store the staged properties and the manifest's time
@@ -207,6 +260,8 @@ class MilvusCollection(CollectionBase):
         with self._wlock:
             self._check_open()
             m = {**self._manifest, "updated": now_iso()}  # counts are live in Milvus
+            if self._multi:
+                self._rpc(f"flush of {self.name!r}", "flush", coll=self._tname)
             self._rpc(f"flush of {self.name!r}", "flush")
             self._rpc(f"flush of {self.name!r}", "alter_collection_properties",
                       properties={**self._props, MANIFEST_KEY: json.dumps(m)})
@@ -233,7 +288,8 @@ class MilvusCollection(CollectionBase):
         """Ask Milvus to compact (drop deleted rows, merge segments), then commit."""
         self._check_open()
         try:
-            self._client.compact(self._mname)
+            for mname in (self._mname, self._tname) if self._multi else (self._mname,):
+                self._client.compact(mname)
         except Exception as e:  # Milvus Lite does not implement it; servers compact by themselves
             log.info("collection %r: compaction not available: %s", self.name, e)
         self.commit()
@@ -270,9 +326,10 @@ class MilvusCollection(CollectionBase):
         if self._closed:
             raise InvalidInputError(f"collection {self.name!r} is closed")
 
-    def _ann(self, x: np.ndarray, k: int, output_fields: list[str]) -> list[list[dict]]:
+    def _ann(self, x: np.ndarray, k: int, output_fields: list[str],
+             coll: str | None = None) -> list[list[dict]]:
         limit = min(k, MAX_TOPK)
-        return self._rpc(f"search of {self.name!r}", "search", data=list(x), limit=limit,
+        return self._rpc(f"search of {self.name!r}", "search", data=list(x), limit=limit, coll=coll,
                          anns_field="vector", output_fields=output_fields,
                          search_params={"metric_type": metric(self.spec),
                                         "params": search_params(self._search_base, limit)})
@@ -290,12 +347,12 @@ class MilvusCollection(CollectionBase):
         return [[h["id"] for h in row] for row in self._ann(x, k, [])]
 
     def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
-        vectors, offsets, doc_ids = self._fetch_tokens(None)
-        scores = maxsim_scores(qs, vectors, offsets)
+        codes, scales, offsets, doc_ids = self._fetch_codes(None)
+        scores = maxsim_scores(qs, codes, offsets, scales)
         return self._hits([topk(s, doc_ids, k) for s in scores])
 
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
-        res = self._ann(np.concatenate(qs), k_token, ["doc_id"])
+        res = self._ann(np.concatenate(qs), k_token, ["doc_id"], coll=self._tname)
         cands, start = [], 0
         for q in qs:
             cands.append(list(dict.fromkeys(h["entity"]["doc_id"] for row in res[start:start + len(q)]
@@ -305,12 +362,12 @@ class MilvusCollection(CollectionBase):
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
         union = sorted({e for lst in ext_lists for e in lst})
-        vectors, offsets, doc_ids = self._fetch_tokens(union)
+        codes, scales, offsets, doc_ids = self._fetch_codes(union)
         where = {d: j for j, d in enumerate(doc_ids.tolist())}
         out = []
         for q, lst in zip(qs, ext_lists):
             idx = np.array([where[e] for e in dict.fromkeys(lst) if e in where], dtype=np.int64)
-            s = maxsim_scores([q], vectors, offsets, doc_idx=idx)[0]
+            s = maxsim_scores([q], codes, offsets, scales, doc_idx=idx)[0]
             out.append(topk(s, doc_ids[idx], k))
         return self._hits(out)
 
@@ -318,25 +375,22 @@ class MilvusCollection(CollectionBase):
         return MilvusCollection.open(self.uri, name, token=self._token)
 
     # ---- reads ----------------------------------------------------------------------------------
-    def _fetch_tokens(self, doc_ids: list[str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Token vectors of ``doc_ids`` (all documents if ``None``), contiguous per document:
-        ``(vectors [T, dim], offsets [n + 1], doc ids [n])``. Candidates are fetched by primary
-        key (``<doc id>#<pos>``, ``n`` from row 0), which costs what it returns, not a scan."""
+    def _fetch_codes(self, doc_ids: list[str] | None) -> tuple[Any, ...]:
+        """The stored codes of ``doc_ids`` (all documents if ``None``), contiguous per document:
+        ``(codes [T, dim], int8 scales [T] | None, offsets [n + 1], doc ids [n])`` (unknown ids
+        are left out). Candidates cost one query per :data:`FETCH_DOCS` documents (part 0 by
+        primary key), plus one for the further parts of documents too large for one row."""
         self._check_open()
+        fields = ["doc_id", "part", "parts", "n", "seq", "codes"]
         if doc_ids is None:
-            rows = self._scan("", ["doc_id", "pos", "vector"])
+            rows = self._scan("", fields)
+            heads = [r for r in rows if r["part"] == 0]
+            tails = [r for r in rows if r["part"] != 0]
         else:
-            pks = [pk(d, p) for d, r in self._heads(doc_ids, ["n"]).items() for p in range(r["n"])]
-            rows = self._get(pks, ["doc_id", "pos", "vector"])
-        if not rows:
-            return (np.zeros((0, self.spec.dim), np.float32), np.zeros(1, np.int64),
-                    np.array([], dtype=object))
-        rows.sort(key=lambda r: (r["doc_id"], r["pos"]))
-        names = [r["doc_id"] for r in rows]
-        vectors = np.asarray([r["vector"] for r in rows], dtype=np.float32)
-        starts = [0] + [j for j in range(1, len(names)) if names[j] != names[j - 1]]
-        offsets = np.array(starts + [len(names)], dtype=np.int64)
-        return vectors, offsets, np.array([names[j] for j in starts], dtype=object)
+            heads = [r for b in _batches(doc_ids, FETCH_DOCS) for r in self._get([pk(d, 0) for d in b], fields)]
+            more = [pk(h["doc_id"], p) for h in heads for p in range(1, h["parts"])]
+            tails = [r for b in _batches(more, FETCH_DOCS) for r in self._get(b, fields)]
+        return self._packing.assemble(heads, tails)
 
     def _scan(self, flt: str, fields: list[str]) -> list[dict]:
         """Every row matching ``flt`` (all rows if empty), page by page: a query iterator on a
@@ -354,7 +408,9 @@ class MilvusCollection(CollectionBase):
                     it.close()
             return rows
         key = "pk" if self._multi else "id"
-        page = max(256, _SCAN_BYTES // ((4 * self.spec.dim if "vector" in fields else 0) + 256))
+        row = (self._packing.row_bytes() if "codes" in fields else
+               4 * self.spec.dim if "vector" in fields else 0) + 256
+        page = max(16, _SCAN_BYTES // row)
         rows, last = [], None
         while True:  # keyset pages in primary-key order
             cond = " and ".join(c for c in (flt and f"({flt})",
@@ -404,7 +460,8 @@ class MilvusCollection(CollectionBase):
             raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
         out: dict[str, Any] = {"id": id, "text": docs[id][0], "metadata": docs[id][1]}
         if self._multi:
-            out["vectors"] = self._fetch_tokens([id])[0]
+            codes, scales, _, _ = self._fetch_codes([id])
+            out["vectors"] = dequantize(codes, scales)
         else:
             out["vector"] = np.asarray(self._get([id], ["vector"])[0]["vector"], dtype=np.float32)
         return out
@@ -413,17 +470,17 @@ class MilvusCollection(CollectionBase):
         """All document ids, in insertion order."""
         self._check_open()
         field = "doc_id" if self._multi else "id"
-        rows = self._scan("pos == 0" if self._multi else "", [field, "seq"])
+        rows = self._scan("part == 0" if self._multi else "", [field, "seq"])
         rows.sort(key=lambda r: (r["seq"], r[field]))
         return [r[field] for r in rows]
 
-    def _count(self, flt: str) -> int:
-        res = self._rpc(f"count of {self.name!r}", "query", filter=flt, output_fields=["count(*)"])
+    def _count(self, flt: str, coll: str | None = None) -> int:
+        res = self._rpc(f"count of {self.name!r}", "query", filter=flt, output_fields=["count(*)"], coll=coll)
         return int(res[0]["count(*)"]) if res else 0
 
     def _counts(self) -> dict[str, int]:
         if self._multi:
-            return {"documents": self._count("pos == 0"), "vectors": self._count("")}
+            return {"documents": self._count("part == 0"), "vectors": self._count("", self._tname)}
         n = self._count("")
         return {"documents": n, "vectors": n}
 
@@ -437,12 +494,14 @@ class MilvusCollection(CollectionBase):
         return isinstance(id, str) and bool(id) and id in self._existing([id])
 
     def stats(self) -> dict[str, Any]:
-        """See :class:`index.base.Stats`: bytes_per_doc is the float32 vector storage per
-        document in Milvus (index overhead not included); bytes_on_disk is unknown (``None``);
+        """See :class:`index.base.Stats`: bytes_per_doc is the vector storage per document in
+        Milvus, index overhead not included (multi: the packed codes in the storage precision
+        plus the float32 token rows of the token ANN); bytes_on_disk is unknown (``None``);
         tombstones always 0 (Milvus compacts by itself)."""
         self._check_open()
         c = self._counts()
-        per_doc = 4 * self.spec.dim * c["vectors"] / c["documents"] if c["documents"] else 0.0
+        per_vec = 4 * self.spec.dim + (bytes_per_vector(self.spec.dim, self.spec.precision) if self._multi else 0)
+        per_doc = per_vec * c["vectors"] / c["documents"] if c["documents"] else 0.0
         return make_stats(documents=c["documents"], vectors=c["vectors"], bytes_on_disk=None,
                           bytes_per_doc=per_doc, tombstones=0, segments=None, token_index=self._multi,
                           index_type=milvus_index(vector_factory(self.spec))[0], backend=self.backend,
@@ -467,7 +526,15 @@ def _create_if_absent(conn: Connection, name: str, spec: CollectionSpec) -> None
         client = conn.client()
         if client.has_collection(mname):
             return
-        manifest = new_manifest(name, spec, now_iso(), backend="milvus")
+        extra = {"milvus_layout": layout_record()} if spec.kind == "multi" else {}
+        manifest = new_manifest(name, spec, now_iso(), backend="milvus", **extra)
+        if spec.kind == "multi":  # first, so a collection with a manifest always has its token rows
+            tname = tokens_name(mname)
+            if client.has_collection(tname):  # left by a creation that stopped half-way
+                client.drop_collection(tname)
+            tsch, tindex = token_schema(client, spec)
+            client.create_collection(tname, schema=tsch, consistency_level="Strong")
+            client.create_index(tname, tindex, sync=not is_lite(conn.uri))
         sch, index_params = schema(client, spec)
         client.create_collection(mname, schema=sch, consistency_level="Strong",
                                  properties={MANIFEST_KEY: json.dumps(manifest)})

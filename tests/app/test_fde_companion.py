@@ -120,3 +120,49 @@ def test_dimensions_do_not_truncate_fde(embedder):
     assert embedder.output_dim("fde", 64) == fde.output_dim(384) and embedder.output_dim("mean", 64) == 64
     assert embedder.dimensions_for(fde.spec, fde.output_dim(384)) is None
     assert embedder.dimensions_for("mean", 64) == 64 and embedder.dimensions_for("mean", 384) is None
+
+
+def _scored(results) -> list[list[tuple[str, float]]]:
+    return [[(h.id, h.score) for h in r] for r in results]
+
+
+def _assert_same_hits(got, want, tol=1e-5):
+    """Same ids in the same order, MaxSim scores within ``tol``."""
+    assert [[i for i, _ in r] for r in got] == [[i for i, _ in r] for r in want]
+    np.testing.assert_allclose([s for r in got for _, s in r], [s for r in want for _, s in r], atol=tol)
+
+
+def test_milvus_packed_multi_vector_search_equals_faiss_exhaustive_maxsim(embedder, embedded, tmp_path):
+    """The packed Milvus layout (one row per document) on a SciFact slice of real token states:
+    exhaustive and two_stage (FDE companion in Milvus) give FAISS's exhaustive MaxSim -- same ids,
+    scores within 1e-5 -- and two_stage with 20 candidates gives FAISS's two_stage."""
+    pytest.importorskip("milvus_lite")
+    ids, docs, q = embedded
+    fde = embedder.pooler("fde")
+    dim = fde.output_dim(384)
+    milvus = {"backend": "milvus", "milvus_uri": str(tmp_path / "m.db")}
+    mspec = CollectionSpec(kind="multi", model=MODEL, pooler="tokens", dim=384, token_factory="Flat")
+    colls = {b: open_collection(tmp_path / b, "mv", mspec, **w) for b, w in (("faiss", {}), ("milvus", milvus))}
+    comps = {b: _companion(tmp_path / b, "c", "IDMap2,Flat" if b == "faiss" else "HNSW32", fde.spec, dim,
+                           ids, docs.matrix("fde"), **w) for b, w in (("faiss", {}), ("milvus", milvus))}
+    try:
+        for c in colls.values():
+            c.add(ids, docs.vectors["tokens"], pooler="tokens")
+            c.commit()
+        assert colls["milvus"].stats()["vectors"] == colls["faiss"].stats()["vectors"] > N_DOCS
+        qt = q.vectors["tokens"]
+
+        def two_stage(b, n):
+            return _scored(colls[b].search(qt, k=10, mode="two_stage", candidates=n, companion=comps[b],
+                                           companion_queries=q.matrix("fde"), companion_pooler=fde.spec))
+
+        exact = _scored(colls["faiss"].search(qt, k=10))
+        _assert_same_hits(_scored(colls["milvus"].search(qt, k=10)), exact)
+        _assert_same_hits(two_stage("milvus", N_DOCS), exact)  # every document a candidate
+        _assert_same_hits(two_stage("milvus", 20), two_stage("faiss", 20))
+        _assert_same_hits(_scored(colls["milvus"].search(qt, k=10, mode="tokens", k_token=8)),
+                          _scored(colls["faiss"].search(qt, k=10, mode="tokens", k_token=8)))
+        np.testing.assert_allclose(colls["milvus"].get(ids[7])["vectors"], docs.vectors["tokens"][7], atol=0)
+    finally:
+        for c in [*colls.values(), *comps.values()]:
+            c.close()

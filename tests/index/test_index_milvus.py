@@ -407,3 +407,99 @@ def test_full_scans_page_through_everything(mv, rng, monkeypatch):
     monkeypatch.setattr(im, "_SCAN_BYTES", 256 * 40)  # pages of 256 rows: several per scan
     assert single.ids() == ids and multi.ids() == ids
     assert _ranked(multi.search(q, k=5)) == whole and whole[1][0][0] == "tab\there"
+
+
+# ---- the packed multi-vector layout (one row per document) ------------------------------------
+def _rows_of(coll, doc_id: str) -> tuple[int, int]:
+    """(document rows, token rows) of ``doc_id`` in Milvus, counted by the client itself."""
+    from embedpool.index.milvus.schema import tokens_name
+
+    client = coll._conn.client()
+    mname = milvus_name(coll.name)
+    flt = f'doc_id == "{doc_id}"'
+    return tuple(len(list(client.query(n, filter=flt, output_fields=["pk"]))) for n in (mname, tokens_name(mname)))
+
+
+@pytest.mark.parametrize("precision,row_elements", [("float32", None), ("int8", 1)])
+def test_document_larger_than_a_row_round_trips_and_leaves_no_stray_rows(mv, rng, monkeypatch, tmp_path,
+                                                                           precision, row_elements):
+    """A 20,000-vector document does not fit one row (float32: 1.28 MB of codes, a row holds
+    786 KB; int8 with rows of one element: 9 parts): get() returns its stored vectors, search
+    finds it with FAISS's score, and replacing or deleting it leaves no stray rows."""
+    import embedpool.index.milvus.schema as schema_mod
+    from embedpool.index import dequantize, quantize
+
+    if row_elements is not None:  # recorded in the manifest: reads use the creation's layout
+        monkeypatch.setattr(schema_mod, "ROW_ELEMENTS", row_elements)
+    spec = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat")
+    coll = mv("big", spec)
+    monkeypatch.setattr(schema_mod, "ROW_ELEMENTS", 16)
+    big = rand_unit(rng, 20_000, DIM)
+    small = rand_docs(rng, 5, DIM, lo=2, hi=6)
+    ids = ["big", *(f"s{i}" for i in range(5))]
+    faiss_coll = open_collection(tmp_path, "big", spec)
+    for c in (coll, faiss_coll):
+        c.add(ids, [big, *small])
+    parts = coll._heads(["big"], ["parts"])["big"]["parts"]
+    assert parts == (2 if precision == "float32" else 9)
+    assert _rows_of(coll, "big") == (parts, 20_000)
+    np.testing.assert_array_equal(coll.get("big")["vectors"], dequantize(*quantize(big, precision)))
+    q = [big[[5, 10_000, 19_999]] + 0.01 * rand_unit(rng, 3, DIM), small[2]]
+    comp = rand_unit(rng, 2, DIM)
+    for kw in ({}, {"mode": "tokens", "k_token": 4}):
+        got, want = coll.search(q, k=3, **kw), faiss_coll.search(q, k=3, **kw)
+        assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in want]
+        np.testing.assert_allclose([h.score for r in got for h in r], [h.score for r in want for h in r], atol=1e-5)
+    pooled = mv("big-pooled", CollectionSpec(kind="single", dim=DIM))
+    pooled.add(ids, rand_unit(rng, len(ids), DIM))
+    two = coll.search(q, k=3, mode="two_stage", candidates=6, companion=pooled, companion_queries=comp)
+    assert [r[0].id for r in two] == ["big", "s2"]
+    coll.add(["big"], [big[:3]], texts=["shorter now"])  # 2 (9) parts -> 1, 20,000 token rows -> 3
+    assert _rows_of(coll, "big") == (1, 3) and coll.get("big")["text"] == "shorter now"
+    assert len(coll) == 6 and coll.stats()["vectors"] == 3 + sum(map(len, small))
+    coll.add(["big"], [big])  # and back: parts and token rows grow again
+    assert _rows_of(coll, "big") == (parts, 20_000)
+    coll.delete(["big"])
+    assert _rows_of(coll, "big") == (0, 0) and "big" not in coll and coll.ids() == ids[1:]
+    faiss_coll.close()
+
+
+def test_multi_vector_collection_of_the_old_layout_is_refused_with_how_to_rebuild(mv, uri):
+    """A multi-vector collection written one row per token vector (layout 1: its manifest has
+    no ``milvus_layout``) is refused on open, the message says how to rebuild it; dropping works."""
+    import json
+
+    coll = mv("old", CollectionSpec(kind="multi", dim=DIM))
+    name = coll.name
+    client = coll._conn.client()
+    manifest = json.loads(client.describe_collection(milvus_name(name))["properties"][MANIFEST_KEY])
+    assert manifest["milvus_layout"]["version"] == 2
+    del manifest["milvus_layout"]
+    client.alter_collection_properties(milvus_name(name), properties={MANIFEST_KEY: json.dumps(manifest)})
+    with pytest.raises(FormatVersionError, match=r"layout 1 \(one row per token vector\).*rebuild it.*"
+                                                 r"embedpool index CORPUS --backend milvus"):
+        MilvusCollection.open(uri, name)
+    assert name in list_collections("unused", backend="milvus", milvus_uri=uri)  # listed, deletable
+    # single-vector collections are unchanged: no layout key needed
+    single = mv("old-single")
+    client.alter_collection_properties(milvus_name(single.name), properties={MANIFEST_KEY: json.dumps(
+        {k: v for k, v in json.loads(client.describe_collection(milvus_name(single.name))["properties"]
+                                     [MANIFEST_KEY]).items() if k != "milvus_layout"})})
+    MilvusCollection.open(uri, single.name).close()
+
+
+def test_parts_of_two_writes_are_detected(mv, rng):
+    """A crash between the parts of an upsert leaves parts of two versions: read as corrupt,
+    naming the document, and repaired by adding it again."""
+    from embedpool.index import CorruptCollectionError
+
+    coll = mv("torn", CollectionSpec(kind="multi", dim=DIM, token_factory="Flat"))
+    big = rand_unit(rng, 20_000, DIM)
+    coll.add(["t"], [big])
+    client = coll._conn.client()
+    row = list(client.query(milvus_name(coll.name), filter='pk == "t#1"', output_fields=["*"]))[0]
+    client.upsert(milvus_name(coll.name), [{**row, "seq": row["seq"] + 1}])
+    with pytest.raises(CorruptCollectionError, match="'t' has parts of different writes.*add the document again"):
+        coll.get("t")
+    coll.add(["t"], [big])
+    np.testing.assert_array_equal(coll.get("t")["vectors"], big)
