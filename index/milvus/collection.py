@@ -362,24 +362,26 @@ class MilvusCollection(CollectionBase):
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
         union = sorted({e for lst in ext_lists for e in lst})
-        codes, scales, offsets, doc_ids = self._fetch_codes(union)
+        heads: list[dict] = []  # part 0 rows carry text and metadata: no second query for the hits
+        codes, scales, offsets, doc_ids = self._fetch_codes(union, heads)
         where = {d: j for j, d in enumerate(doc_ids.tolist())}
         out = []
         for q, lst in zip(qs, ext_lists):
             idx = np.array([where[e] for e in dict.fromkeys(lst) if e in where], dtype=np.int64)
             s = maxsim_scores([q], codes, offsets, scales, doc_idx=idx)[0]
             out.append(topk(s, doc_ids[idx], k))
-        return self._hits(out)
+        return self._hits(out, {h["doc_id"]: (h.get("text"), h.get("metadata")) for h in heads})
 
     def _open_sibling(self, name: str) -> "MilvusCollection":
         return MilvusCollection.open(self.uri, name, token=self._token)
 
     # ---- reads ----------------------------------------------------------------------------------
-    def _fetch_codes(self, doc_ids: list[str] | None) -> tuple[Any, ...]:
+    def _fetch_codes(self, doc_ids: list[str] | None, heads_out: list[dict] | None = None) -> tuple[Any, ...]:
         """The stored codes of ``doc_ids`` (all documents if ``None``), contiguous per document:
         ``(codes [T, dim], int8 scales [T] | None, offsets [n + 1], doc ids [n])`` (unknown ids
         are left out). Candidates cost one query per :data:`FETCH_DOCS` documents (part 0 by
-        primary key), plus one for the further parts of documents too large for one row."""
+        primary key), plus one for the further parts of documents too large for one row.
+        ``heads_out`` (candidates only) receives the part 0 rows, with text and metadata."""
         self._check_open()
         fields = ["doc_id", "part", "parts", "n", "seq", "codes"]
         if doc_ids is None:
@@ -387,7 +389,10 @@ class MilvusCollection(CollectionBase):
             heads = [r for r in rows if r["part"] == 0]
             tails = [r for r in rows if r["part"] != 0]
         else:
-            heads = [r for b in _batches(doc_ids, FETCH_DOCS) for r in self._get([pk(d, 0) for d in b], fields)]
+            head_fields = fields if heads_out is None else [*fields, "text", "metadata"]
+            heads = [r for b in _batches(doc_ids, FETCH_DOCS) for r in self._get([pk(d, 0) for d in b], head_fields)]
+            if heads_out is not None:
+                heads_out.extend(heads)
             more = [pk(h["doc_id"], p) for h in heads for p in range(1, h["parts"])]
             tails = [r for b in _batches(more, FETCH_DOCS) for r in self._get(b, fields)]
         return self._packing.assemble(heads, tails)
@@ -422,9 +427,11 @@ class MilvusCollection(CollectionBase):
                 return rows
             last = max(r[key] for r in batch)
 
-    def _hits(self, results: list[list[tuple[float, str]]]) -> list[list[Hit]]:
-        """Attach text and metadata to (score, id) results."""
-        docs = self._docs(sorted({i for r in results for _, i in r}))
+    def _hits(self, results: list[list[tuple[float, str]]],
+              docs: dict[str, tuple[str | None, dict | None]] | None = None) -> list[list[Hit]]:
+        """Attach text and metadata (``docs``, else read now) to (score, id) results."""
+        if docs is None:
+            docs = self._docs(sorted({i for r in results for _, i in r}))
         return [[Hit(i, s, *docs[i]) for s, i in r if i in docs] for r in results]
 
     def _docs(self, ids: list[str]) -> dict[str, tuple[str | None, dict | None]]:
