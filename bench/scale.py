@@ -281,7 +281,8 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
         torch.set_num_threads(threads)
     data = load_scifact(n_docs)
     records = [Record(i, t) for i, t in zip(data.doc_ids, data.doc_texts)]
-    embedder = Embedder(FrozenEncoder())
+    # the encoder path as the server would pick it (EMBEDPOOL_PRECISION, default auto)
+    embedder = Embedder(FrozenEncoder(precision=os.environ.get("EMBEDPOOL_PRECISION", "auto")))
     embedder.embed(["warm up"], list(INDEX_POOLERS))
     probe = PeakRSS()
     base_mb = probe._kb("VmRSS") / 1024
@@ -295,6 +296,9 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
             commit_all()
             commits.append({"documents": job.records_indexed, "rss_mb": round(probe._kb("VmRSS") / 1024, 1),
                             "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1),
+                            # anonymous (heap) vs file-backed (mapped files) resident memory
+                            "rss_anon_mb": round(probe._kb("RssAnon") / 1024, 1),
+                            "rss_file_mb": round(probe._kb("RssFile") / 1024, 1),
                             "stores": {t.spec: _store_bytes(t.coll) for t in job.targets.values()}})
 
         job._commit_all = recorded
@@ -310,14 +314,15 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
 
 def index_table(res: dict) -> str:
     rows = {c["documents"]: c for c in res["commits"]}
-    lines = ["| documents | RSS (MB) | peak RSS so far (MB) | cluster token codes in RAM (MB) | "
-             "cluster pending buffer (MB) | mean FAISS index (MB) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| documents | RSS (MB) | anon / file-backed RSS (MB) | peak RSS so far (MB) | cluster token codes in RAM (MB) | "
+             "cluster pending buffer (MB) | mean FAISS index (MB) |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for n in sorted(rows):
         c = rows[n]
         multi = next(v for v in c["stores"].values() if "codes_in_ram_mb" in v)
         single = next(v for v in c["stores"].values() if "faiss_index_mb" in v)
         docs = f"**{n:,}**" if n in INDEX_CHECKPOINTS else f"{n:,}"
-        lines.append(f"| {docs} | {c['rss_mb']:,.0f} | {c['peak_rss_mb']:,.0f} | "
+        split = f"{c['rss_anon_mb']:,.0f} / {c['rss_file_mb']:,.0f}" if "rss_anon_mb" in c else ""
+        lines.append(f"| {docs} | {c['rss_mb']:,.0f} | {split} | {c['peak_rss_mb']:,.0f} | "
                      f"{multi['codes_in_ram_mb']:,.1f} | {multi['pending_buffer_mb']:,.1f} | {single['faiss_index_mb']:,.1f} |")
     peaks = [rows[n]["peak_rss_mb"] for n in INDEX_CHECKPOINTS if n in rows]
     if len(peaks) >= 2:
