@@ -48,9 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from embedpool.app.allocator import tune_allocator
-
-    tune_allocator()  # long jobs and servers: keep freed buffers from piling up in the heap
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

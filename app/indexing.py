@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from embedpool.app.allocator import release_free_memory
 from embedpool.app.datasets import Record
 from embedpool.app.encoding import embed_by_plan
 from embedpool.app.tables import render_table
@@ -420,6 +421,7 @@ class IndexJob:
                 continue
             self._commit(t)
         self._since_commit = 0
+        release_free_memory()  # the batches' freed buffers: keep the job's memory flat (app/allocator.py)
 
     def _compact_if_needed(self) -> None:
         """Records re-added after a crash leave tombstones: rebuild so the result equals an

@@ -273,12 +273,13 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
     if hold:
         _hold_committed_segments()
 
-    from embedpool.app.allocator import tune_allocator
     from embedpool.app.datasets import Record
     from embedpool.app.indexing import IndexJob
 
-    if os.environ.get("EMBEDPOOL_BENCH_MALLOC", "tuned") == "tuned":
-        tune_allocator()  # as the CLI does (app/allocator.py); "default" measures glibc's defaults
+    if os.environ.get("EMBEDPOOL_BENCH_MALLOC", "trim") != "trim":  # "none": without the job's malloc_trim
+        import embedpool.app.indexing as indexing
+
+        indexing.release_free_memory = lambda: False
     from embedpool.poolers import Embedder, FrozenEncoder
 
     if threads:
