@@ -6,7 +6,10 @@ options that change the forward pass or its post-processing (role, truncate, nor
 dimensions, prompt name, truncation direction), and calls :meth:`poolers.Embedder.embed` once per group with the union of the
 group's pooler specs. The engine sorts that group's texts by length and cuts them into
 token-budget forward batches, so texts of different clients share forward batches, and one
-forward pass per tokenization plan serves every pooler asked for.
+forward pass per tokenization plan serves every pooler asked for. A request the server measured
+(its limits, :meth:`poolers.Embedder.measure`) arrives tokenized, off the worker: the worker
+encodes those rows and tokenizes nothing (it runs the model and the poolers only), and the
+request's usage is the count that measurement made.
 
 Before a round that is not full the worker waits up to ``max_wait_ms`` for more requests, but
 only while fewer are queued than were in flight at once during the previous round (the clients
@@ -83,6 +86,7 @@ class Job:
     prompt_name: str | None = None
     truncation_direction: str = "right"
     counts: list[int] | None = None  # exact standard-plan tokens per input, counted before submit
+    tokenized: list | None = None  # the inputs as the embedder's measure() tokenized them
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # inputs handed to the worker so far
     done: int = 0  # inputs finished
@@ -182,28 +186,24 @@ class Batcher:
         return len(self._pending)
 
     # ------------------------------------------------------------------ client side
-    def count_tokens(self, texts: Sequence[str]) -> list[int] | None:
-        """Exact standard-plan token counts (thread-safe; the server calls it off the worker, so
-        tokenizing the next requests overlaps the forward pass of the current round)."""
-        encoder = getattr(self.embedder, "encoder", None)
-        if encoder is None or not texts:
-            return None
-        return list(encoder.count_tokens(list(texts)))
-
     def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
                normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
                prompt_name: str | None = None, truncation_direction: str = "right",
-               counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None) -> Job:
-        """Enqueue a request (thread-safe, never blocks on the encoder). ``counts``: the inputs'
-        standard-plan token counts from :meth:`count_tokens`, if the caller has them (the worker
-        does not count them again); ``est_tokens``: each text's tokens over all windows of all
-        plans, if the caller counted them (a long text under a windowing pooler then fills a
-        round of its own). Rounds are scheduled by ``est_tokens``, else ``counts``, else a
-        cheap estimate."""
+               counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None,
+               tokenized: Sequence[Any] | None = None) -> Job:
+        """Enqueue a request (thread-safe, never blocks on the encoder). If the caller measured
+        it (:meth:`poolers.Embedder.measure`, as the server does for its limits), it passes
+        what that found: ``counts``, the inputs' standard-plan token counts (the usage the
+        request reports; the worker does not count them again); ``est_tokens``, each text's
+        tokens over all windows of all plans (a long text under a windowing pooler then fills a
+        round of its own); ``tokenized``, the tokenization itself, which the worker encodes
+        without tokenizing again. Rounds are scheduled by ``est_tokens``, else ``counts``, else
+        a cheap estimate."""
         return self.submit_many([(texts, specs, {"role": role, "normalize": normalize, "dimensions": dimensions,
                                                  "truncate": truncate, "prompt_name": prompt_name,
                                                  "truncation_direction": truncation_direction,
-                                                 "counts": counts, "est_tokens": est_tokens})])[0]
+                                                 "counts": counts, "est_tokens": est_tokens,
+                                                 "tokenized": tokenized})])[0]
 
     def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
         """Enqueue several requests at once, next to each other in the queue, so the worker
@@ -239,14 +239,16 @@ class Batcher:
     def _job(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
              normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
              prompt_name: str | None = None, truncation_direction: str = "right",
-             counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None) -> Job:
+             counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None,
+             tokenized: Sequence[Any] | None = None) -> Job:
         texts = list(texts)
         cap = self._cap if truncate else None
         exact = [int(c) for c in counts] if counts is not None and len(counts) == len(texts) else None
         if est_tokens is None or len(est_tokens) != len(texts):
             est_tokens = exact or [estimate_tokens(t, cap) for t in texts]
+        tokenized = list(tokenized) if tokenized is not None and len(tokenized) == len(texts) else None
         return Job(texts, list(dict.fromkeys(specs)), role, bool(normalize), dimensions, bool(truncate),
-                   list(est_tokens), prompt_name, truncation_direction, exact)
+                   list(est_tokens), prompt_name, truncation_direction, exact, tokenized)
 
     async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
         """Submit and await the result; cancelling the awaiting task drops the request."""
@@ -379,6 +381,8 @@ class Batcher:
                 extra["prompt_name"] = job0.prompt_name
             if job0.truncation_direction != "right":
                 extra["truncation_direction"] = job0.truncation_direction
+            if all(s.job.tokenized is not None for s in group):
+                extra["tokenized"] = [t for s in group for t in s.job.tokenized[s.start:s.end]]
             result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
                                          dimensions=job0.dimensions, truncate=job0.truncate, **extra)
         except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer

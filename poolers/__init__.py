@@ -4,11 +4,12 @@ from embedpool.poolers import attention, cls, cluster, fde, landmark, max, mean,
 from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
 from embedpool.poolers.output import OUTPUT_PRECISIONS, quantize_output, unit_ranges
-from embedpool.poolers.pipeline import Embedder, EmbedResult
+from embedpool.poolers.pipeline import Embedder, EmbedResult, Tokenized, Workload
 from embedpool.poolers.states import TokenStates
 
 __all__ = [
     "DEFAULT_MODEL", "REGISTRY", "Embedder", "EmbedResult", "FrozenEncoder", "Plan", "Pooler",
     "PoolerSpecError", "TokenStates", "build_pooler", "parse_spec",
-    "TRUNCATION_DIRECTIONS", "Window", "OUTPUT_PRECISIONS", "quantize_output", "unit_ranges",
+    "TRUNCATION_DIRECTIONS", "Tokenized", "Window", "Workload", "OUTPUT_PRECISIONS", "quantize_output",
+    "unit_ranges",
 ]

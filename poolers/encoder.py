@@ -15,9 +15,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
@@ -100,13 +101,22 @@ WINDOWED = Plan("windowed")
 
 @dataclass
 class _Row:
+    """One row of the model's input. Its arrays are compact (int32 ids, int8 flags, ~6 bytes a
+    token) because tokenized requests wait in the server's queue (see :meth:`FrozenEncoder.encode`'s
+    ``rows``)."""
+
     text: int  # index of the text in the request
-    ids: list[int]
-    special: list[int]
-    landmark: list[int]
+    ids: np.ndarray  # int32
+    special: np.ndarray  # int8
+    landmark: np.ndarray  # int8
     prompt_len: int = 0
     # the text's content tokens (prompt + text, no specials) this row holds, [start, stop)
     span: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids, dtype=np.int32)
+        self.special = np.asarray(self.special, dtype=np.int8)
+        self.landmark = np.asarray(self.landmark, dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,7 @@ class EncoderStats:
     passes: int = 0  # encode() calls: one per (request, tokenization plan)
     forward_calls: int = 0  # model forward calls (batches)
     tokens: int = 0  # real (non-padding) tokens through the model
-    tokenize_seconds: float = 0.0  # in tokenize()
+    tokenize_seconds: float = 0.0  # tokenizing in encode() (not rows tokenized earlier, e.g. by measure)
     forward_seconds: float = 0.0  # in the model forward, batch assembly included
     per_plan: dict = field(default_factory=dict)
 
@@ -205,6 +215,7 @@ class FrozenEncoder:
             # Encoders without [CLS]/[SEP] (e.g. RoBERTa-style <s>/</s>) expose bos/eos instead.
             self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
             self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
+        self._n_special = int(self.tokenizer.num_special_tokens_to_add(pair=False))
         self.stats = EncoderStats()
         # The fast tokenizer's truncation setting is state of the Rust object, changed by calls
         # that ask for another one; concurrent calls (the server counts a request's tokens while
@@ -284,7 +295,7 @@ class FrozenEncoder:
                     f"input {i} has {len(ids)} tokens, over the model's limit of {self.max_length}; "
                     "shorten it or set truncate=true"
                 )
-            rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt, span))
+            rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8), n_prompt, span))
         return rows
 
     def _prompt_tokens(self, prompt: str) -> int:
@@ -306,7 +317,7 @@ class FrozenEncoder:
                 chunk = toks[w:w + width]
                 ids = [self.cls_id, *chunk, self.sep_id]
                 special = [1] + [0] * len(chunk) + [1]
-                rows.append(_Row(i, ids, special, [0] * len(ids), n_prompt if w == 0 else 0,
+                rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8), n_prompt if w == 0 else 0,
                                  (w, w + len(chunk))))
         return rows
 
@@ -339,11 +350,7 @@ class FrozenEncoder:
     def tokenize(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
                  truncate: bool = True, *, prompt_name: str | None = None,
                  truncation_direction: str = "right") -> list[_Row]:
-        t0 = time.perf_counter()
-        try:
-            return self._tokenize(texts, plan, role, truncate, prompt_name, truncation_direction)
-        finally:
-            self.stats.tokenize_seconds += time.perf_counter() - t0
+        return self._tokenize(texts, plan, role, truncate, prompt_name, truncation_direction)
 
     def _tokenize(self, texts: Sequence[str], plan: Plan, role: str | None, truncate: bool,
                   prompt_name: str | None, truncation_direction: str) -> list[_Row]:
@@ -358,16 +365,34 @@ class FrozenEncoder:
             return self._tokenize_landmark(texts, prompt, plan.g)
         raise InvalidError(f"unknown tokenization plan {plan.kind!r}; use standard, windowed or landmark")
 
+    def tokenize_each(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
+                      truncate: bool = True, **options) -> list[list[_Row]]:
+        """The rows :meth:`encode` feeds the model, per text (``options``: ``prompt_name``,
+        ``truncation_direction``). Safe from any thread: a caller may tokenize off the thread
+        that encodes and hand the rows to :meth:`encode`."""
+        out: list[list[_Row]] = [[] for _ in texts]
+        for r in self.tokenize(_check_texts(texts), plan, role, truncate, **options):
+            out[r.text].append(r)
+        return out
+
     def windows(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
                 truncate: bool = True, **options) -> list[list[Window]]:
         """What :meth:`encode` feeds the model for each text under ``plan``: one
         :class:`Window` per row (several for a long input under the ``windowed`` and
         ``landmark`` plans, one -- truncated -- under ``standard``). ``options``:
         ``prompt_name``, ``truncation_direction`` as for :meth:`encode`."""
-        out: list[list[Window]] = [[] for _ in texts]
-        for r in self.tokenize(_check_texts(texts), plan, role, truncate, **options):
-            out[r.text].append(Window(list(r.ids), list(r.special), list(r.landmark), r.span))
-        return out
+        return [[Window(r.ids.tolist(), r.special.tolist(), r.landmark.tolist(), r.span) for r in rows]
+                for rows in self.tokenize_each(texts, plan, role, truncate, **options)]
+
+    def standard_count(self, rows: dict[Plan, Sequence[_Row]], truncate: bool = True) -> int:
+        """The tokens a text has under the standard plan (prompt and special tokens included,
+        cut at the window when ``truncate``), from its rows under any plans (``rows``: plan ->
+        the text's rows, as :meth:`tokenize_each` gives them), without tokenizing again."""
+        if STANDARD in rows:
+            return sum(len(r.ids) for r in rows[STANDARD])
+        # the other plans hold every content token (prompt + text) in their spans
+        n = max((r.span[1] for plan_rows in rows.values() for r in plan_rows), default=0) + self._n_special
+        return min(n, self.max_length) if truncate else n
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens each text would occupy under the standard plan (after truncation); safe from
@@ -392,7 +417,7 @@ class FrozenEncoder:
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, : len(r.ids)] = torch.tensor(r.ids)
+            ids[i, : len(r.ids)] = torch.from_numpy(r.ids)
             mask[i, : len(r.ids)] = 1
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.precision == "bf16" else nullcontext())
@@ -413,7 +438,8 @@ class FrozenEncoder:
 
     def encode(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
                truncate: bool = True, all_layers: bool = False, *, prompt_name: str | None = None,
-               truncation_direction: str = "right") -> Iterator[tuple[list[int], TokenStates]]:
+               truncation_direction: str = "right",
+               rows: Sequence[Sequence[_Row]] | None = None) -> Iterator[tuple[list[int], TokenStates]]:
         """One forward pass over ``texts`` under ``plan``.
 
         Yields ``(text_ids, states)`` per batch: ``text_ids`` are the positions in ``texts`` of
@@ -422,7 +448,9 @@ class FrozenEncoder:
 
         ``prompt_name`` picks one of the model's prompts by name instead of the ``role``'s;
         ``truncation_direction`` (``right`` or ``left``) is the end the standard plan cuts an
-        over-long input at (the prompt is kept either way).
+        over-long input at (the prompt is kept either way). ``rows``: the texts' rows under this
+        plan and these options from :meth:`tokenize_each`, if the caller tokenized them already
+        (the server does, before queueing); ``None`` tokenizes here.
 
         The windows of one text share a batch when they fit in the budget. A longer text is
         forwarded alone in consecutive budget-sized batches, its windows in order, every one
@@ -436,8 +464,15 @@ class FrozenEncoder:
         self.stats.per_plan[plan.key] = self.stats.per_plan.get(plan.key, 0) + 1
         if not texts:
             return
-        rows = self.tokenize(texts, plan, role, truncate, prompt_name=prompt_name,
-                             truncation_direction=truncation_direction)
+        if rows is None:
+            t0 = time.perf_counter()
+            rows = self.tokenize(texts, plan, role, truncate, prompt_name=prompt_name,
+                                 truncation_direction=truncation_direction)
+            self.stats.tokenize_seconds += time.perf_counter() - t0
+        else:
+            if len(rows) != len(texts):
+                raise InvalidError(f"rows: {len(rows)} texts' rows for {len(texts)} texts")
+            rows = [replace(r, text=i) for i, text_rows in enumerate(rows) for r in text_rows]
         for batch, row_ids, continued in self._batches(rows):
             batch_rows = [rows[r] for r in row_ids]
             yield batch, self._states(batch, batch_rows, plan, all_layers, continued)
@@ -454,8 +489,8 @@ class FrozenEncoder:
         if not self.include_prompt and any(r.prompt_len for r in batch_rows):
             pool_mask = mask.clone()
         for i, r in enumerate(batch_rows):
-            special[i, : len(r.special)] = torch.tensor(r.special)
-            landmark[i, : len(r.landmark)] = torch.tensor(r.landmark)
+            special[i, : len(r.special)] = torch.from_numpy(r.special)
+            landmark[i, : len(r.landmark)] = torch.from_numpy(r.landmark)
             if pool_mask is not mask and r.prompt_len:
                 pool_mask[i, 1 : 1 + r.prompt_len] = 0
         return TokenStates(

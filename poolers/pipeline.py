@@ -41,14 +41,35 @@ class EmbedResult:
 
 @dataclass
 class Workload:
-    """What a call of :meth:`Embedder.embed` would run and return, known before it runs.
+    """What a call of :meth:`Embedder.embed` would run and return, known before it runs, and the
+    tokenization it was counted on, which that call can reuse.
 
     ``tokens[i]`` counts the tokens text ``i`` takes through the encoder over every plan the
     poolers need (all windows of a windowed or landmark plan); ``vectors`` the vectors all
-    poolers return for all texts."""
+    poolers return for all texts. ``counts[i]`` is text ``i``'s tokens under the model's own
+    (standard) layout -- prompt and special tokens included, cut at the window when
+    ``truncate`` -- once per input whatever its poolers: what a server reports as usage.
+    ``tokenized[i]`` is text ``i`` as the encoder will read it; pass the list (or a slice of
+    it, or lists joined, with the texts they belong to) to ``embed(tokenized=...)``."""
 
     tokens: list[int]
     vectors: int
+    counts: list[int] = field(default_factory=list)
+    tokenized: list[Tokenized] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """One text's rows under each plan, and the options that made them (``embed`` reuses the
+    rows only for a call with the same options)."""
+
+    key: tuple
+    rows: dict[Plan, list]
+
+
+def _tokenize_key(role: str, truncate: bool, prompt_name: str | None = None,
+                  truncation_direction: str = "right") -> tuple:
+    return (role, bool(truncate), prompt_name, truncation_direction)
 
 
 def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
@@ -141,8 +162,10 @@ class Embedder:
                 role: str = "document", truncate: bool = True, **options) -> Workload:
         """The tokens and vectors :meth:`embed` would run and return for these arguments
         (``options``: ``prompt_name``, ``truncation_direction``), from tokenization alone (no
-        forward pass): what request limits check. Raises what :meth:`embed` would for an input
-        it refuses (e.g. too long with ``truncate=False``)."""
+        forward pass): what request limits check. The tokenization is kept in the result
+        (``tokenized``) for :meth:`embed` to reuse, so a server that checks a request's limits
+        does not tokenize it again to encode it. Raises what :meth:`embed` would for an input it
+        refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
         built, by_plan = self._plans(poolers)
@@ -150,12 +173,16 @@ class Embedder:
         vectors = 0
         if not texts:  # the tokenizer refuses an empty batch; nothing to count
             return Workload(tokens, vectors)
+        per_text: list[dict[Plan, list]] = [{} for _ in texts]
         for plan, specs in by_plan.items():
-            for i, windows in enumerate(self.encoder.windows(texts, plan, role, truncate, **options)):
-                rows = [len(w.ids) for w in windows]
-                tokens[i] += sum(rows)
-                vectors += sum(built[spec].n_vectors(rows, role) for spec in specs)
-        return Workload(tokens, vectors)
+            for i, rows in enumerate(self.encoder.tokenize_each(texts, plan, role, truncate, **options)):
+                lengths = [len(r.ids) for r in rows]
+                tokens[i] += sum(lengths)
+                vectors += sum(built[spec].n_vectors(lengths, role) for spec in specs)
+                per_text[i][plan] = rows
+        key = _tokenize_key(role, truncate, **options)
+        counts = [self.encoder.standard_count(rows, truncate) for rows in per_text]
+        return Workload(tokens, vectors, counts, [Tokenized(key, rows) for rows in per_text])
 
     def embed(
         self,
@@ -170,6 +197,7 @@ class Embedder:
         *,
         prompt_name: str | None = None,
         truncation_direction: str = "right",
+        tokenized: Sequence[Tokenized] | None = None,
     ) -> EmbedResult:
         """Embed ``texts`` with every pooler in ``poolers`` from one forward pass per plan.
 
@@ -190,6 +218,9 @@ class Embedder:
             prompt_name: one of the model's prompts by name (instead of the ``role``'s).
             truncation_direction: ``right`` (default) or ``left``: the end at which
                 ``truncate`` cuts an over-long input.
+            tokenized: the texts as :meth:`measure` tokenized them (``Workload.tokenized``,
+                one per text, in order): the plans it holds are not tokenized again. Rows made
+                with other options than this call's are ignored (tokenized again).
         """
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
@@ -201,11 +232,14 @@ class Embedder:
         texts = list(texts)
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
         tokens_before = self.encoder.stats.tokens
+        key = _tokenize_key(role, truncate, prompt_name, truncation_direction)
+        reuse = tokenized is not None and len(tokenized) == len(texts) and all(t.key == key for t in tokenized)
         for plan, specs in by_plan.items():
             parts: dict[str, list] = {spec: [] for spec in specs}  # of a text split over batches
+            rows = [t.rows[plan] for t in tokenized] if reuse and all(plan in t.rows for t in tokenized) else None
             for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate,
                                                         prompt_name=prompt_name,
-                                                        truncation_direction=truncation_direction):
+                                                        truncation_direction=truncation_direction, rows=rows):
                 for spec in specs:
                     t0 = time.perf_counter()
                     pooled = _pool_part(built[spec], states, role, parts[spec])

@@ -76,7 +76,7 @@ _TOKENIZE_OPTIONS = ("role", "truncate", "prompt_name", "truncation_direction")
 
 
 def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]],
-                   settings: Settings, *, field: str = "inputs") -> list[list[int]]:
+                   settings: Settings, *, field: str = "inputs") -> list[Any]:
     """Raise :class:`PayloadTooLarge` (kind ``too_large``: 413) if one request's embeddings --
     ``parts``, ``(texts, specs, options)`` as :meth:`Engine.embed_many` takes them -- would
     run more than ``max_request_tokens`` tokens through the encoder (after windowing: all
@@ -84,23 +84,24 @@ def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[
     together. Tokenizes, never encodes; every route that embeds calls it before queueing,
     through ``Engine.embed_many``.
 
-    Returns each part's per-text token counts (the batcher schedules by them). A text the
-    engine would refuse (too long with ``truncate=false``) raises its ``ValueError`` here."""
-    tokens, vectors = [], 0
+    Returns each part's :class:`poolers.Workload`: its per-text token counts (the batcher
+    schedules by them), usage counts, and the tokenization itself, which the worker encodes
+    without tokenizing again. A text the engine would refuse (too long with
+    ``truncate=false``) raises its ``ValueError`` here."""
+    works = []
     for texts, specs, options in parts:
         opts = {k: options[k] for k in _TOKENIZE_OPTIONS if k in options}
-        work = embedder.measure(list(texts), list(specs), **opts)
-        tokens.append(work.tokens)
-        vectors += work.vectors
-    check_tokens(sum(map(sum, tokens)), settings, field, "through the encoder (all windows of every "
-                 "pooler's tokenization plan)")
+        works.append(embedder.measure(list(texts), list(specs), **opts))
+    check_tokens(sum(sum(w.tokens) for w in works), settings, field, "through the encoder (all windows "
+                 "of every pooler's tokenization plan)")
+    vectors = sum(w.vectors for w in works)
     if vectors > settings.max_request_vectors:
         raise PayloadTooLarge(
             f"{field}: this request would return {vectors} vectors, over the limit of "
             f"{settings.max_request_vectors} per request (max_request_vectors); send fewer or "
             "shorter inputs per request, or use a pooler with fewer vectors (e.g. a larger "
             "cluster pool_factor)", param=field)
-    return tokens
+    return works
 
 
 def check_tokens(tokens: int, settings: Settings, field: str = "inputs", what: str = "") -> None:

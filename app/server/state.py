@@ -178,18 +178,18 @@ class Engine:
 
         The request's work limits (all parts together) are checked first, on its tokenization:
         413 before anything is queued or encoded (a large request tokenizes in a worker thread,
-        not to stall the event loop)."""
+        not to stall the event loop). That tokenization is what the batcher's worker encodes,
+        so a request is tokenized once, off the thread that runs the model."""
         embedder = self.require()
         assert self.batcher is not None
         check = functools.partial(check_workload, embedder, parts, self.settings, field=field)
         # a few sentences tokenize in well under a millisecond: not worth a thread hop
         small = sum(len(t) for texts, _, _ in parts for t in texts) <= INLINE_CHECK_CHARS
-        tokens = check() if small else await run_in_threadpool(check)
-        # usage counts (standard plan) in a thread: overlaps the worker's forward pass of the current round
+        works = check() if small else await run_in_threadpool(check)
+        # the worker encodes the tokenization the check made (it does not tokenize again)
         jobs = self.batcher.submit_many([
-            (texts, specs, {**options, "est_tokens": est, "counts": await asyncio.to_thread(
-                self.batcher.count_tokens, texts) if options.get("truncate", True) else None})
-            for (texts, specs, options), est in zip(parts, tokens)])
+            (texts, specs, {**options, "est_tokens": w.tokens, "counts": w.counts, "tokenized": w.tokenized})
+            for (texts, specs, options), w in zip(parts, works)])
         results = [asyncio.wrap_future(job.future) for job in jobs]
         gathered = asyncio.ensure_future(asyncio.gather(*results))
         if request is None:

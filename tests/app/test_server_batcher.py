@@ -247,22 +247,29 @@ def test_thread_policy_runs_small_rounds_on_one_thread():
     assert seen == [1, full]
 
 
-def test_tokens_counted_before_submit_are_exact_and_thread_safe(embedder):
-    """The server counts a request's tokens in a thread while the worker encodes: the counts
-    equal the encoder's, concurrent counting is safe, and usage comes from them."""
+def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, monkeypatch):
+    """The server measures a request (its limits) on other threads, concurrently, then submits
+    what that found: the worker encodes that tokenization without tokenizing again, the usage
+    is the inputs' standard-plan counts, and the vectors are a plain embed's."""
     from concurrent.futures import ThreadPoolExecutor
 
     texts = ["a short one", "Mitochondrial dysfunction is a hallmark of aging. " * 40, "", "ünïcödé ☃ text"]
-    expected = embedder.encoder.count_tokens(texts)
+    expected = [len(ids) for ids in embedder.encoder.tokenizer(texts, truncation=True,
+                                                                     max_length=embedder.encoder.max_length)["input_ids"]]
+    with ThreadPoolExecutor(4) as pool:
+        works = list(pool.map(lambda _: embedder.measure(texts, ["mean"]), range(8)))
+    assert all(w.counts == expected for w in works)
+    calls = []
+    real = embedder.encoder.tokenize
+    monkeypatch.setattr(embedder.encoder, "tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
     b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0).start()
     try:
-        with ThreadPoolExecutor(4) as pool:
-            counted = [pool.submit(b.count_tokens, texts) for _ in range(8)]
-            jobs = [b.submit(texts, ["mean"], counts=expected) for _ in range(4)]
-            assert all(f.result(timeout=120) == expected for f in counted)
+        jobs = [b.submit(texts, ["mean"], counts=w.counts, est_tokens=w.tokens, tokenized=w.tokenized)
+                for w in works[:4]]
         outs = [j.future.result(timeout=120) for j in jobs]
-        assert all(o.tokens == sum(expected) for o in outs)
-        ref = embedder.embed(texts, ["mean"]).matrix("mean")
-        assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)
     finally:
         b.stop()
+    assert calls == []
+    assert all(o.tokens == sum(expected) for o in outs)
+    ref = embedder.embed(texts, ["mean"]).matrix("mean")
+    assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)

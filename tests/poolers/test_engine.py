@@ -22,7 +22,7 @@ def test_landmark_layout_exact_ids(encoder):
     text = "one two three four five six seven"
     toks = encoder.tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(toks) == 7
-    rows = encoder.tokenize([text], Plan("landmark", 3))
+    rows = encoder.windows([text], Plan("landmark", 3))[0]
     assert len(rows) == 1
     cls, sep = encoder.tokenizer.cls_token_id, encoder.tokenizer.sep_token_id
     expected = [cls] + toks[0:3] + [sep] + toks[3:6] + [sep] + toks[6:7] + [sep]
@@ -32,7 +32,7 @@ def test_landmark_layout_exact_ids(encoder):
 
 
 def test_landmark_empty_text_is_cls_sep(encoder):
-    rows = encoder.tokenize([""], Plan("landmark", 32))
+    rows = encoder.windows([""], Plan("landmark", 32))[0]
     assert rows[0].ids == [encoder.tokenizer.cls_token_id, encoder.tokenizer.sep_token_id]
 
 
@@ -40,7 +40,7 @@ def test_landmark_long_input_is_windowed_not_truncated(encoder, embedder):
     words = " ".join(f"w{i % 97} alpha" for i in range(1100))
     n_tokens = len(encoder.tokenizer(words, add_special_tokens=False)["input_ids"])
     assert n_tokens >= 3000
-    rows = encoder.tokenize([words], Plan("landmark", 32))
+    rows = encoder.windows([words], Plan("landmark", 32))[0]
     per_window = (encoder.max_length - 1) // 33
     assert len(rows) == -(-(-(-n_tokens // 32)) // per_window) >= 2
     for r in rows:  # every window a valid [CLS] ... [SEP] sequence within the model window
@@ -59,7 +59,7 @@ def test_landmark_long_input_is_windowed_not_truncated(encoder, embedder):
     got = embedder.embed([words], ["landmark"]).vectors["landmark"][0]
     np.testing.assert_allclose(got, expected, atol=1e-5)
     # a truncating pooler sees only the first window's worth of tokens
-    assert len(encoder.tokenize([words])[0].ids) == encoder.max_length
+    assert len(encoder.windows([words])[0][0].ids) == encoder.max_length
 
 
 def test_window_keeps_every_token_of_a_long_input(encoder, embedder, st_model):
@@ -68,15 +68,15 @@ def test_window_keeps_every_token_of_a_long_input(encoder, embedder, st_model):
     words = " ".join(f"w{i % 97} alpha" for i in range(1100))
     body = encoder.tokenizer(words, add_special_tokens=False)["input_ids"]
     width = encoder.max_length - 2
-    rows = encoder.tokenize([words], WINDOWED)
+    rows = encoder.windows([words], WINDOWED)[0]
     assert len(rows) == -(-len(body) // width) >= 2
     assert [t for r in rows for t in r.ids[1:-1]] == body  # no token left out, none repeated
     for r in rows:
         assert r.ids[0] == encoder.tokenizer.cls_token_id and r.ids[-1] == encoder.tokenizer.sep_token_id
         assert len(r.ids) <= encoder.max_length
-    assert rows[0].ids == encoder.tokenize([words])[0].ids
+    assert rows[0].ids == encoder.windows([words])[0][0].ids
     short = ["a short text", ""]
-    assert [r.ids for r in encoder.tokenize(short, WINDOWED)] == [r.ids for r in encoder.tokenize(short)]
+    assert encoder.windows(short, WINDOWED) == encoder.windows(short)
 
     specs = ["tokens", "tokens:window=true", "cluster:window=true"]
     r = embedder.embed([words, "a short text"], specs)

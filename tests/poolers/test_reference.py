@@ -93,7 +93,7 @@ def test_windowed_cluster_is_hierarchical_token_pooling_per_window(pf, encoder, 
     from embedpool.poolers.encoder import WINDOWED
 
     long_text = " ".join(scifact_docs[:12])
-    rows = encoder.tokenize([long_text], WINDOWED)
+    rows = encoder.windows([long_text], WINDOWED)[0]
     assert len(rows) * encoder.max_length > 2 * encoder.max_batch_tokens  # 3+ forward batches
     bert = st_model[0].auto_model
     windows = []

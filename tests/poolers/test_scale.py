@@ -90,6 +90,38 @@ def test_measure_counts_what_embed_runs_and_returns(role, encoder, embedder, lon
         embedder.measure(["word " * 400], ["mean"], truncate=False)
 
 
+@pytest.mark.parametrize("role", ["document", "query"])
+def test_embed_reuses_what_measure_tokenized(role, encoder, embedder, long_text, monkeypatch):
+    """``embed(tokenized=measure(...).tokenized)`` tokenizes nothing and returns what a plain
+    ``embed`` returns, for every plan (also for a slice of the texts and lists joined, as the
+    server's batcher passes them); ``counts`` is each input's length as the tokenizer itself
+    gives it (specials included, cut at the window), whichever plans the poolers need."""
+    texts = [long_text[:6000], "a short one", "", "word " * 300]
+    specs = ["mean", "tokens:window=true", "landmark", "cluster:pool_factor=3,window=true"]
+    want = embedder.embed(texts, specs, role=role)
+    work = embedder.measure(texts, specs, role=role)
+    reference = [len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length)["input_ids"]]
+    assert work.counts == reference  # the standard plan's rows
+    assert embedder.measure(texts, ["tokens:window=true", "landmark"], role=role).counts == reference  # derived
+    order = [2, 3, 0, 1]  # slices of two measured calls, joined: what the batcher hands over
+    joined = (embedder.measure([texts[i] for i in order[:2]], specs, role=role).tokenized
+              + embedder.measure([texts[i] for i in order[2:]], specs, role=role).tokenized)
+    calls = []
+    real = encoder.tokenize
+    monkeypatch.setattr(encoder, "tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
+    got = embedder.embed(texts, specs, role=role, tokenized=work.tokenized)
+    got_joined = embedder.embed([texts[i] for i in order], specs, role=role, tokenized=joined)
+    assert calls == []
+    # rows made with other options are not reused
+    embedder.embed(texts, ["mean"], role="query" if role == "document" else "document", tokenized=work.tokenized)
+    assert len(calls) == 1
+    assert got.tokens == want.tokens == got_joined.tokens
+    for spec in specs:
+        for i, (a, b) in enumerate(zip(got.vectors[spec], want.vectors[spec])):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(got_joined.vectors[spec][order.index(i)], b, atol=1e-5)
+
+
 def test_20k_token_document_clusters_in_bounded_memory(data_dir, bench_scale):
     """``cluster:pool_factor=4,window=true`` on a 20,000-token document of SciFact abstracts,
     in a subprocess: the pooling step alone (all 80 windows' token states in one batch) and
