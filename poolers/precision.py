@@ -108,15 +108,21 @@ def library_available(library: str) -> bool:
 # The decision, per ISA tier: candidates fastest first, each with the measurement behind it
 # (bench/encode.py; README "Encoding"). The first whose library is installed wins.
 _DECISIONS: dict[str, list[tuple[str, str]]] = {
-    # measured (bench/encode.py, two runs, interleaved, on an Emerald Rapids AMX core): torch bf16
+    # measured on an Emerald Rapids AMX core: in-process (bench/encode.py, two runs) torch bf16
     # weights 3.29x / 2.63x and 2.44x / 1.88x sentence-transformers fp32 on documents / sentences,
-    # OpenVINO bf16 2.08x / 2.06x and 2.60x / 2.07x: level within the runs' noise; torch's path
-    # needs no graph conversion at load and no second runtime in memory. Static int8 misses the bar.
-    "amx": [("bf16-weights", "AMX bf16 tiles: torch with bf16 weights, level with OpenVINO bf16 in speed "
-             "(measured) and built without a graph conversion; static int8 misses the bar"),
+    # OpenVINO bf16 2.08x / 2.06x and 2.60x / 2.07x: level within the runs' noise. Served
+    # (bench/serve.py and two interleaved rounds of single-text requests, issue 16) OpenVINO bf16
+    # is ahead: sentences at concurrency 8 ~300 vs ~170 req/s, documents at 32 ~50-60 vs ~40-45:
+    # its forward is one call that releases the GIL throughout, while a torch forward takes the
+    # GIL back after every op and waits on the event loop's Python work. Static int8 misses the bar.
+    "amx": [("openvino-bf16", "AMX bf16 tiles: OpenVINO bf16, level with torch bf16 weights in-process and "
+             "ahead of it in a server (its forward releases the GIL throughout; measured); static int8 "
+             "misses the bar"),
+            ("bf16-weights", "AMX bf16 tiles, no OpenVINO: torch with bf16 weights"),
             ("fp32", "AMX, torch only: fp32")],
-    "avx512_bf16": [("bf16-weights", "AVX-512-BF16: torch with bf16 weights (the AMX machine's fastest path; "
-                     "the same oneDNN bf16 kernels without tiles)")],
+    "avx512_bf16": [("openvino-bf16", "AVX-512-BF16: OpenVINO bf16 (the AMX machine's choice: the same "
+                     "bf16 kernels without tiles; not measured without AMX)"),
+                    ("bf16-weights", "AVX-512-BF16, no OpenVINO: torch with bf16 weights")],
     "avx512_vnni": [("fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar, int8 weights "
                      "with dynamic activations and OpenVINO f32 are not faster than torch fp32 on AVX-512")],
     "avx512": [("fp32", "AVX-512 without VNNI/BF16: torch fp32 (OpenVINO f32 is not faster on AVX-512)")],

@@ -26,8 +26,8 @@ BAR = 0.995  # min cosine to fp32 for any path auto may choose (issue 16's quali
     (ALDER, "AVX2", "avx_vnni", "openvino-fp32"),
     (AVX512, "AVX512", "avx512", "fp32"),
     (VNNI, "AVX512", "avx512_vnni", "fp32"),
-    (BF16, "AVX512", "avx512_bf16", "bf16-weights"),
-    (AMX, "AVX512", "amx", "bf16-weights"),
+    (BF16, "AVX512", "avx512_bf16", "openvino-bf16"),
+    (AMX, "AVX512", "amx", "openvino-bf16"),
     ([], "DEFAULT", "unknown", "fp32"),
     (["neon", "asimd"], "DEFAULT", "unknown", "fp32"),
 ])
