@@ -35,11 +35,9 @@ blocks after the last commit are not committed, so FAISS discards them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -285,10 +283,7 @@ def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, ad
     # vectors are all made by the one path its manifest records
     path = getattr(job.embedder.encoder, "precision", None)
     engine_settings = {**engine_settings, **({"precision": path} if path else {})}
-    # Ray prints its cluster's console messages (e.g. raylet warnings) to this process's stdout,
-    # which carries the job's summary (``--json``): they go to stderr instead
-    with contextlib.redirect_stdout(sys.stderr):
-        return _run(job, source, engine_settings, address, workers, threads)
+    return _run(job, source, engine_settings, address, workers, threads)
 
 
 def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: str | None, workers: int,

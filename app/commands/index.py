@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 from embedpool.app.commands.common import add_job_args, command
 from embedpool.app.settings import from_args, load_embedder
@@ -73,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             from embedpool.app.rayjob import run_on_ray
 
-            summary = run_on_ray(job, source, settings.model_dump(), address=args.ray_address,
-                                 workers=args.workers or 1, threads=args.worker_threads)
+            # Ray prints its cluster's console messages (e.g. raylet warnings) to this process's
+            # stdout, which carries the job's summary (--json): they go to stderr instead
+            with contextlib.redirect_stdout(sys.stderr):
+                summary = run_on_ray(job, source, settings.model_dump(), address=args.ray_address,
+                                     workers=args.workers or 1, threads=args.worker_threads)
         else:
             summary = job.run(source.records(), total=source.count())
     if args.json:
