@@ -244,8 +244,13 @@ class Embedder:
                     t0 = time.perf_counter()
                     pooled = _pool_part(built[spec], states, role, parts[spec])
                     dims = dimensions if built[spec].output_dim(self.dim) is None else None
-                    for j, i in enumerate(text_ids if pooled is not None else ()):
-                        out[spec][i] = postprocess(pooled[j], normalize, dims).numpy().astype(np.float32, copy=False)
+                    if pooled is not None:
+                        if isinstance(pooled, Tensor) and pooled.dim() == 2 and not built[spec].multi_vector:
+                            rows = postprocess(pooled, normalize, dims).numpy()  # the batch at once
+                        else:
+                            rows = [postprocess(p, normalize, dims).numpy() for p in pooled]
+                        for j, i in enumerate(text_ids):
+                            out[spec][i] = rows[j].astype(np.float32, copy=False)
                     if on_pool:
                         on_pool(spec, time.perf_counter() - t0)
                 if on_batch:
