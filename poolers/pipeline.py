@@ -246,11 +246,11 @@ class Embedder:
                     dims = dimensions if built[spec].output_dim(self.dim) is None else None
                     if pooled is not None:
                         if isinstance(pooled, Tensor) and pooled.dim() == 2 and not built[spec].multi_vector:
-                            rows = postprocess(pooled, normalize, dims).numpy()  # the batch at once
+                            vecs = postprocess(pooled, normalize, dims).numpy()  # the batch at once
                         else:
-                            rows = [postprocess(p, normalize, dims).numpy() for p in pooled]
+                            vecs = [postprocess(p, normalize, dims).numpy() for p in pooled]
                         for j, i in enumerate(text_ids):
-                            out[spec][i] = rows[j].astype(np.float32, copy=False)
+                            out[spec][i] = vecs[j].astype(np.float32, copy=False)
                     if on_pool:
                         on_pool(spec, time.perf_counter() - t0)
                 if on_batch:

@@ -29,8 +29,8 @@ log = logging.getLogger("embedpool.server")
 #: Integer pooler options above this are refused over HTTP (e.g. attention:queries=10**6
 #: would allocate without bound).
 MAX_INT_OPTION = 4096
-#: Requests with at most this many characters count their tokens on the event loop (~1 µs per
-#: character); larger ones in a worker thread.
+#: Requests with at most this many characters are tokenized (their limits checked) on the event
+#: loop (~1 µs per character); larger ones in a worker thread.
 INLINE_CHECK_CHARS = 4096
 
 
