@@ -9,7 +9,8 @@ token-budget forward batches, so texts of different clients share forward batche
 forward pass per tokenization plan serves every pooler asked for. A request the server measured
 (its limits, :meth:`poolers.Embedder.measure`) arrives tokenized, off the worker: the worker
 encodes those rows and tokenizes nothing (it runs the model and the poolers only), and the
-request's usage is the count that measurement made.
+request's usage is the count that measurement made. A request its caller did not measure is
+measured by the worker, once, for both.
 
 Before a round that is not full the worker waits up to ``max_wait_ms`` for more requests, but
 only while fewer are queued than were in flight at once during the previous round (the clients
@@ -381,10 +382,16 @@ class Batcher:
                 extra["prompt_name"] = job0.prompt_name
             if job0.truncation_direction != "right":
                 extra["truncation_direction"] = job0.truncation_direction
-            if all(s.job.tokenized is not None for s in group):
-                extra["tokenized"] = [t for s in group for t in s.job.tokenized[s.start:s.end]]
+            if all(s.job.tokenized is not None and s.job.counts is not None for s in group):
+                tokenized = [t for s in group for t in s.job.tokenized[s.start:s.end]]
+                counts = [c for s in group for c in s.job.counts[s.start:s.end]]
+            else:  # not measured by the caller: measure here, the one tokenization serving both
+                work = self.embedder.measure(texts, specs, role=job0.role, truncate=job0.truncate, **extra)
+                tokenized, counts = work.tokenized, work.counts
+            t1 = time.perf_counter()
             result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
-                                         dimensions=job0.dimensions, truncate=job0.truncate, **extra)
+                                         dimensions=job0.dimensions, truncate=job0.truncate,
+                                         tokenized=tokenized, **extra)
         except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer
             if len(group) == 1:
                 self._fail(job0, exc)
@@ -392,11 +399,6 @@ class Batcher:
             # One request's input is bad (e.g. too long with truncate=false), or trips a bug:
             # run each alone so that only that request fails.
             return sum(self._run_group([s]) for s in group)
-        t1 = time.perf_counter()
-        if all(s.job.counts is not None for s in group):
-            counts = [c for s in group for c in s.job.counts[s.start:s.end]]
-        else:
-            counts = self._count_tokens(texts)
         t2 = time.perf_counter()
         offset = 0
         for s in group:
@@ -405,16 +407,10 @@ class Batcher:
             offset += n
         stage = getattr(self, "_stage", None)
         if stage is not None:
-            stage["embed"] += t1 - t0
-            stage["count"] += t2 - t1
+            stage["count"] += t1 - t0
+            stage["embed"] += t2 - t1
             stage["deliver"] += time.perf_counter() - t2
         return int(result.tokens)
-
-    def _count_tokens(self, texts: list[str]) -> list[int]:
-        encoder = getattr(self.embedder, "encoder", None)
-        if encoder is None:
-            return [0] * len(texts)
-        return list(encoder.count_tokens(texts))
 
     def _deliver(self, s: _Slice, result: Any, offset: int, counts: list[int]) -> None:
         job = s.job

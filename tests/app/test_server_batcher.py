@@ -18,11 +18,13 @@ class FakeResult:
         self.vectors, self.multi_vector, self.tokens = vectors, multi, tokens
 
 
+class FakeWorkload:
+    def __init__(self, counts, tokenized):
+        self.counts, self.tokenized = counts, tokenized
+
+
 class FakeEncoder:
     max_length = 256
-
-    def count_tokens(self, texts):
-        return [len(t.split()) + 2 for t in texts]
 
 
 class FakeEmbedder:
@@ -34,7 +36,11 @@ class FakeEmbedder:
         self.delay = delay
         self.gate = gate
 
-    def embed(self, texts, poolers, role, normalize, dimensions, truncate):
+    def measure(self, texts, poolers, role, truncate):
+        """What the batcher asks of an embedder for a request its caller did not measure."""
+        return FakeWorkload([len(t.split()) + 2 for t in texts], list(texts))
+
+    def embed(self, texts, poolers, role, normalize, dimensions, truncate, tokenized=None):
         if self.gate is not None:
             self.gate.wait(10)
         time.sleep(self.delay)
