@@ -3,6 +3,7 @@ every module of this package saves and loads its config (:class:`Configurable`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.encoder import STANDARD, Plan
+from embedpool.poolers.encoder import STANDARD, WINDOWED, Plan
 from embedpool.poolers.states import TokenStates
 
 REGISTRY: dict[str, type["Pooler"]] = {}
@@ -81,7 +82,8 @@ class Pooler(Configurable):
     What a pooler can do is declared, not guessed from its methods:
 
     - ``multi_vector``: gives several vectors per text (``None`` on a class whose instances
-      decide from their options, e.g. ``attention:queries=k``; every instance has a bool);
+      decide from their options, e.g. ``attention:queries=k`` or ``mean:per_window=true``;
+      every instance has a bool);
     - ``role_aware``: pools queries and documents differently (:meth:`pool_role`);
     - ``binds_model``: checks itself against the encoder it pools for (:meth:`bind`, e.g. a
       trained head refuses another encoder);
@@ -154,9 +156,10 @@ class Pooler(Configurable):
     # A text with more windows than one forward batch holds comes in several batches (see
     # TokenStates.continued); its result is merged from one part per batch, so that no pooler
     # ever holds more than a batch of token states.
-    def part(self, states: TokenStates, pooled: Tensor | list[Tensor]) -> Any:
+    def part(self, states: TokenStates, pooled: Tensor | list[Tensor], role: str = "document") -> Any:
         """What :meth:`merge` needs of a batch that holds part of one text's windows
-        (``pooled``: this pooler's output for that batch). Default: the output itself."""
+        (``pooled``: this pooler's output for that batch, pooled as ``role``). Default: the
+        output itself."""
         return pooled[0]
 
     def merge(self, parts: list[Any], role: str = "document") -> Tensor:
@@ -243,6 +246,91 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
     return pooler
 
 
+class PerWindow:
+    """The ``per_window`` option of a single-vector pooler (added by :func:`per_window_option`):
+    with ``per_window=true`` the pooler is multi-vector on the windowed plan (a pooler with a
+    windowing plan of its own, ``landmark``, keeps it) and
+
+    - a document gives one vector per window (row), ``[n_windows, D]``: each what the plain
+      pooler (the same options, ``per_window=false``) gives for that row taken alone; a text
+      that fits one window gives ``[1, D]``, the plain pooler's vector on the standard plan
+      (the first window is the standard, truncated, sequence);
+    - a query gives one vector, ``[1, D]``: the plain pooler's over all its windows (a query
+      is not split for candidate search), so one spec serves a collection's documents and
+      queries.
+
+    A document whose windows span several forward batches gives all its windows' vectors in
+    order (its parts are concatenated); a query merges as the plain pooler does. A pooler with
+    a ``window`` option (``fde``) gets ``window=true``: per-window pooling implies it. With
+    ``per_window=false`` every method is the plain pooler's.
+    """
+
+    per_window = False
+    _plain: "Pooler"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.per_window:
+            if "window" in self.options:
+                self.window = True
+            # the plain pooler pools every window (documents) or the whole text (queries)
+            self._plain = type(self)(**{**self.get_config_dict(), "per_window": False})
+        self.multi_vector = self.per_window
+        self.role_aware = self.per_window or self.role_aware
+
+    @property
+    def plan(self) -> Plan:
+        if not self.per_window:
+            return super().plan
+        plain = self._plain.plan
+        return WINDOWED if plain == STANDARD else plain
+
+    def pool(self, states: TokenStates) -> Tensor | list[Tensor]:
+        if not self.per_window:
+            return super().pool(states)
+        return self.pool_role(states, "document")
+
+    def pool_role(self, states: TokenStates, role: str) -> Tensor | list[Tensor]:
+        if not self.per_window:
+            return super().pool_role(states, role)
+        if role == "query":
+            return [v[None] for v in self._plain.pool_role(states, role)]
+        rows = states.hidden.shape[0]
+        alone = dataclasses.replace(states, text_index=torch.arange(rows), n_texts=rows, continued=False)
+        return states.rows_by_text([v[None] for v in self._plain.pool_role(alone, role)])
+
+    def part(self, states: TokenStates, pooled: list[Tensor], role: str = "document") -> Any:
+        if not self.per_window:
+            return super().part(states, pooled, role)
+        if role == "query":
+            return self._plain.part(states, torch.cat(pooled), role)
+        return pooled[0]
+
+    def merge(self, parts: list[Any], role: str = "document") -> Tensor:
+        if not self.per_window:
+            return super().merge(parts, role)
+        if role == "query":
+            return self._plain.merge(parts, role)[None]
+        return torch.cat(parts)
+
+    def n_vectors(self, rows: list[int], role: str) -> int:
+        if not self.per_window:
+            return super().n_vectors(rows, role)
+        return 1 if role == "query" else len(rows)
+
+
+def per_window_option(cls: type[Pooler]) -> type[Pooler]:
+    """Class decorator: ``cls`` (a single-vector pooler) with the ``per_window`` option of
+    :class:`PerWindow`. The result is a subclass of ``cls`` under the same name, with
+    :class:`PerWindow` ahead of ``cls`` in its method order so that it can call ``cls``'s own
+    methods; its instances decide ``multi_vector`` from their options."""
+    if cls.multi_vector is not False:
+        raise TypeError(f"per_window is an option of single-vector poolers; {cls.__name__} is not one")
+    namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                 "options": {**cls.options, "per_window": bool}, "multi_vector": None}
+    return type(cls.__name__, (PerWindow, cls), namespace)
+
+
 class WeightedMeanPooler(Pooler):
     """A weighted mean of token states (``mean``, ``landmark``): subclasses give the
     weights. A text's windows in several batches merge into the mean over all of them."""
@@ -254,7 +342,7 @@ class WeightedMeanPooler(Pooler):
         w = self.weights(states)
         return rows_to_texts(masked_mean(states.hidden, w), states, w)
 
-    def part(self, states: TokenStates, pooled: Tensor) -> tuple[Tensor, Tensor]:
+    def part(self, states: TokenStates, pooled: Tensor, role: str = "document") -> tuple[Tensor, Tensor]:
         return pooled[0], self.weights(states).to(pooled.dtype).sum()
 
     def merge(self, parts: list[tuple[Tensor, Tensor]], role: str = "document") -> Tensor:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.base import Pooler, per_window_option, register
 from embedpool.poolers.states import TokenStates
 
 
 @register
+@per_window_option
 class ClsPooler(Pooler):
     """The first real token's state (``[CLS]`` for BERT-style models; right padding). For a
-    windowed text, the first window's."""
+    windowed text, the first window's.
+
+    Args:
+        per_window: one vector per window for documents, one over all windows for queries
+            (see :class:`poolers.base.PerWindow`).
+    """
 
     name = "cls"
 

@@ -40,13 +40,17 @@ collection and of later queries are made with the same matrices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import reduce
+
 import numpy as np
 import torch
 from scipy import sparse
 from torch import Tensor
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.base import Pooler, _fmt, register
+from embedpool.poolers.base import Pooler, _fmt, per_window_option, register
 from embedpool.poolers.encoder import STANDARD, WINDOWED, Plan
 from embedpool.poolers.states import TokenStates
 from embedpool.poolers.tokens import normalized_tokens
@@ -129,8 +133,7 @@ class FDE:
         averaged and filled for documents, and only then projected: the projection runs on
         ``2**k_sim`` blocks per text instead of on every token (it is linear, so the result is
         the same)."""
-        if role not in ROLES:
-            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        _check_role(role)
         n_sets, parts = len(sets), self.partitions
         if not n_sets:
             return np.zeros((0, self.out_dim), np.float32)
@@ -138,45 +141,116 @@ class FDE:
         if (lengths < 1).any():
             raise InvalidError("fde: every text needs at least one vector")
         x = np.ascontiguousarray(np.concatenate(sets), dtype=np.float32)
-        n = len(x)
         owner = np.repeat(np.arange(n_sets), lengths)
         part = self.partition(x)
-        out = np.empty((n_sets, self.reps, parts, self.dim_proj), np.float32)
+
+        def repetition(r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, Callable]:
+            sums, counts, first = self._accumulate(x, owner * parts + part[:, r], n_sets * parts)
+            return sums, counts, first, lambda cells: x[first[cells]]
+
+        return self._encode(n_sets, repetition, role)
+
+    def cells(self, x: np.ndarray) -> "FdeCells":
+        """One text's vectors ``x`` (``[n, dim]``, n >= 1) as :class:`FdeCells`: all that
+        :meth:`encode_cells` needs of them, ``reps * 2**k_sim * dim`` floats twice, whatever
+        ``n``."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        part = self.partition(x)
+        sums, counts, first = zip(*(self._accumulate(x, part[:, r], self.partitions) for r in range(self.reps)))
+        first = np.stack(first)
+        earliest = np.where((first >= 0)[..., None], x[np.maximum(first, 0)], np.float32(0))
+        return FdeCells(np.stack(sums), np.stack(counts), first, earliest, len(x))
+
+    def encode_cells(self, cells: "FdeCells", role: str) -> np.ndarray:
+        """``[out_dim]``: the FDE of the text that ``cells`` summarise, the same as
+        :meth:`encode` of its vectors."""
+        _check_role(role)
+        return self._encode(1, lambda r: (cells.sums[r], cells.counts[r], cells.first[r],
+                                          lambda c: cells.earliest[r][c]), role)[0]
+
+    @staticmethod
+    def _accumulate(x: np.ndarray, cell: np.ndarray, n_cells: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per cell (text, partition) of one repetition, given each vector's ``cell``: the sum
+        of its vectors ``[n_cells, dim]``, their count and the index in ``x`` of the earliest
+        (-1: none)."""
+        n = len(x)
+        onehot = sparse.csr_matrix((np.ones(n, np.float32), (cell, np.arange(n))), shape=(n_cells, n))
+        first = np.full(n_cells, -1, np.int64)
+        occupied, index = np.unique(cell, return_index=True)
+        first[occupied] = index
+        return np.asarray(onehot @ x), np.bincount(cell, minlength=n_cells), first
+
+    def _encode(self, n_sets: int, repetition: Callable[[int], tuple], role: str) -> np.ndarray:
+        """``[n_sets, out_dim]`` from each repetition's cells: ``repetition(r)`` gives the
+        sums ``[n_sets * 2**k_sim, dim]``, counts and earliest positions of its cells (as
+        :meth:`_accumulate`) and a function from cells to their earliest vectors."""
+        out = np.empty((n_sets, self.reps, self.partitions, self.dim_proj), np.float32)
         for r in range(self.reps):
-            cell = owner * parts + part[:, r]
-            onehot = sparse.csr_matrix((np.ones(n, np.float32), (cell, np.arange(n))), shape=(n_sets * parts, n))
-            blocks = np.asarray(onehot @ x)  # [n_sets * parts, dim]: sums per partition
+            sums, counts, first, earliest = repetition(r)
+            blocks = sums
             if role == "document":
-                counts = np.bincount(cell, minlength=n_sets * parts)
-                blocks /= np.maximum(counts, 1)[:, None].astype(np.float32)
-                self._fill_empty(blocks, x, cell, counts == 0)
+                blocks = sums / np.maximum(counts, 1)[:, None].astype(np.float32)
+                self._fill_empty(blocks, first, earliest)
             if self.projections is not None:
                 blocks = blocks @ self.projections[r]
-            out[:, r] = blocks.reshape(n_sets, parts, self.dim_proj)
+            out[:, r] = blocks.reshape(n_sets, self.partitions, self.dim_proj)
         out = out.reshape(n_sets, -1)
         return out if self.final is None else out @ self.final
 
-    def _fill_empty(self, blocks: np.ndarray, x: np.ndarray, cell: np.ndarray, empty: np.ndarray) -> None:
-        """Give every empty document partition the earliest vector among those at minimal
-        Hamming distance. Every vector of a partition has that partition's sign pattern, so it
-        is the first vector of the nearest occupied partition (nearest, then earliest)."""
-        if not empty.any():
+    def _fill_empty(self, blocks: np.ndarray, first: np.ndarray, earliest: Callable) -> None:
+        """Give every empty document partition (``first < 0``) the earliest vector among those
+        at minimal Hamming distance. Every vector of a partition has that partition's sign
+        pattern, so it is the earliest vector of the nearest occupied partition (nearest, then
+        earliest): ``earliest(cells)`` gives those vectors, ``first`` their positions."""
+        targets = np.flatnonzero(first < 0)
+        if not len(targets):
             return
         parts, big = self.partitions, np.int64(1) << 40
-        cells, first = np.unique(cell, return_index=True)  # first vector of each occupied cell
-        first_of = np.full(len(empty), big, np.int64)
-        first_of[cells] = first
-        first_of = first_of.reshape(-1, parts)  # [text, source partition]
-        targets = np.flatnonzero(empty)
+        first_of = np.where(first < 0, big, first).reshape(-1, parts)  # [text, source partition]
         step = max(1, (1 << 22) // parts)  # bounded memory: [step, parts] keys at a time
         for s in range(0, len(targets), step):
             t = targets[s:s + step]
             src = first_of[t // parts]  # [m, source partition]
             key = np.where(src == big, big * 64, self.hamming[t % parts] * big + src)
-            blocks[t] = x[key.min(axis=1) % big]
+            blocks[t] = earliest(t - t % parts + key.argmin(axis=1))
+
+
+@dataclass
+class FdeCells:
+    """One text's vectors summarised per (repetition, partition): enough to encode it exactly
+    (:meth:`FDE.encode_cells`) and to join it with the vectors that follow (:meth:`then`), in
+    ``2 * reps * 2**k_sim * dim`` floats however long the text.
+
+    Attributes:
+        sums: ``[reps, P, dim]`` sum of each partition's vectors.
+        counts: ``[reps, P]`` how many vectors each partition holds.
+        first: ``[reps, P]`` position in the text of each partition's earliest vector (-1: none).
+        earliest: ``[reps, P, dim]`` that vector (zero for an empty partition).
+        n: the text's vectors.
+    """
+
+    sums: np.ndarray
+    counts: np.ndarray
+    first: np.ndarray
+    earliest: np.ndarray
+    n: int
+
+    def then(self, later: "FdeCells") -> "FdeCells":
+        """These vectors followed by ``later``'s: sums and counts add, and a partition first
+        occupied in ``later`` takes its earliest vector there."""
+        new = (self.first < 0) & (later.first >= 0)
+        return FdeCells(self.sums + later.sums, self.counts + later.counts,
+                        np.where(new, later.first + self.n, self.first),
+                        np.where(new[..., None], later.earliest, self.earliest), self.n + later.n)
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
 
 
 @register
+@per_window_option
 class FdePooler(Pooler):
     """MUVERA fixed-dimensional encoding of a text's L2-normalized token vectors (the ``tokens``
     pooler's vectors): one vector of ``reps * 2**k_sim * dim_proj`` components whose inner
@@ -192,6 +266,11 @@ class FdePooler(Pooler):
         final_dim: final random projection to this size (0: none).
         window: encode every window of a long input and use all its tokens (default: truncate
             at the model's window, like ``tokens``).
+        per_window: a document gives one FDE per window (``[n_windows, out_dim]``, each the
+            document FDE of that window's tokens), a query one FDE of all its tokens (``[1,
+            out_dim]``); see :class:`poolers.base.PerWindow`. Implies ``window=true``: the
+            canonical spec of ``fde:per_window=true`` (or ``fde:window=true,per_window=true``)
+            ends ``window=true,per_window=true``.
     """
 
     name = "fde"
@@ -216,8 +295,9 @@ class FdePooler(Pooler):
     @property
     def spec(self) -> str:
         """Every option, defaults included: the spec a collection's manifest records pins the
-        encoding even if a later version changes the defaults."""
-        parts = [f"{k}={_fmt(getattr(self, k))}" for k in self.options]
+        encoding even if a later version changes the defaults. ``per_window`` is written only
+        when true, so the specs written before it existed still name the same pooler."""
+        parts = [f"{k}={_fmt(getattr(self, k))}" for k in self.options if k != "per_window" or self.per_window]
         return self.name + ":" + ",".join(parts)
 
     def output_dim(self, model_dim: int) -> int:
@@ -241,11 +321,14 @@ class FdePooler(Pooler):
         sets = [t.numpy() for t in normalized_tokens(states)]
         return torch.from_numpy(self.encode_sets(sets, role))
 
-    # A long text split over forward batches (window=true): a document's per-partition means and
-    # empty-partition filling need all its token vectors, so the parts are its token vectors
-    # (linear in its length, as the tokens pooler's output) and the merge encodes them as one set.
-    def part(self, states: TokenStates, pooled: Tensor) -> np.ndarray:
-        return normalized_tokens(states)[0].numpy()
+    # A long text split over forward batches (window=true): each batch's part is its token
+    # vectors summarised per (repetition, partition) -- sums, counts, and the earliest vector
+    # with its position, for the document fill -- bounded by the FDE's size, not the text's
+    # length; the merge joins them in order and encodes the result, exactly as one set.
+    def part(self, states: TokenStates, pooled: Tensor, role: str = "document") -> FdeCells:
+        tokens = normalized_tokens(states)[0].numpy()
+        return self.encoder(tokens.shape[1]).cells(tokens)
 
-    def merge(self, parts: list[np.ndarray], role: str = "document") -> Tensor:
-        return torch.from_numpy(self.encode_sets([np.concatenate(parts)], role))[0]
+    def merge(self, parts: list[FdeCells], role: str = "document") -> Tensor:
+        cells = reduce(FdeCells.then, parts)
+        return torch.from_numpy(self.encoder(cells.sums.shape[-1]).encode_cells(cells, role))

@@ -14,17 +14,20 @@ from __future__ import annotations
 from torch import Tensor
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.base import WeightedMeanPooler, register
+from embedpool.poolers.base import WeightedMeanPooler, per_window_option, register
 from embedpool.poolers.encoder import Plan
 from embedpool.poolers.states import TokenStates
 
 
 @register
+@per_window_option
 class LandmarkPooler(WeightedMeanPooler):
     """Mean of the landmark states.
 
     Args:
         g: chunk length in tokens between landmarks (default 32).
+        per_window: one vector per window (of the landmark plan) for documents, one over all
+            windows for queries (see :class:`poolers.base.PerWindow`).
     """
 
     name = "landmark"

@@ -5,13 +5,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.base import Pooler, per_window_option, register
 from embedpool.poolers.states import TokenStates
 
 
 @register
+@per_window_option
 class MaxPooler(Pooler):
-    """Masked element-wise max over tokens (padding never wins)."""
+    """Masked element-wise max over tokens (padding never wins).
+
+    Args:
+        per_window: one vector per window for documents, one over all windows for queries
+            (see :class:`poolers.base.PerWindow`).
+    """
 
     name = "max"
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embedpool.poolers.base import WeightedMeanPooler, register
+from embedpool.poolers.base import WeightedMeanPooler, per_window_option, register
 from embedpool.poolers.states import TokenStates
 
 
 @register
+@per_window_option
 class MeanPooler(WeightedMeanPooler):
     """Masked mean over tokens.
 
     Args:
         include_special: average over ``[CLS]``/``[SEP]`` too (default, as sentence-transformers
             does); ``false`` averages over the text's own tokens only.
+        per_window: one vector per window for documents, one over all windows for queries
+            (see :class:`poolers.base.PerWindow`).
     """
 
     name = "mean"

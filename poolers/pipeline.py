@@ -78,7 +78,7 @@ def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
     pooled = pooler.pool_role(states, role)
     if not (states.continued or parts):
         return pooled
-    parts.append(pooler.part(states, pooled))
+    parts.append(pooler.part(states, pooled, role))
     if states.continued:
         return None
     merged = [pooler.merge(parts, role)]

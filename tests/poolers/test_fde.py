@@ -9,10 +9,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from fde_reference import fde_literal, phi  # noqa: E402  (tests/poolers is on sys.path)
 from scipy.stats import spearmanr
 
-from embedpool.poolers import PoolerSpecError, build_pooler
+from embedpool.poolers import PoolerSpecError, TokenStates, build_pooler
+from embedpool.poolers.encoder import WINDOWED
 from embedpool.poolers.fde import FDE
 
 
@@ -189,3 +191,70 @@ def test_window_true_encodes_every_window_of_a_long_input(embedder):
     ref = embedder.pooler("fde:window=true").encode_sets(r.vectors["tokens:window=true"], "document")
     np.testing.assert_allclose(r.vectors["fde:window=true"][0], ref[0], atol=1e-5)
     assert not np.allclose(r.vectors["fde:window=true"][0], r.vectors["fde"][0], atol=1e-3)  # not truncated
+
+
+# ------------------------------------------------------------------ a text over several batches
+def _states(x: np.ndarray) -> TokenStates:
+    """Token states of one row holding the vectors ``x`` (what a forward batch hands over)."""
+    n = len(x)
+    return TokenStates(hidden=torch.from_numpy(x)[None], attention_mask=torch.ones(1, n, dtype=torch.long),
+                       special_tokens_mask=torch.zeros(1, n, dtype=torch.long), text_index=torch.tensor([0]),
+                       n_texts=1, continued=True)
+
+
+def test_parts_are_bounded_and_their_merge_is_the_papers_fde_of_all_vectors():
+    """Random texts cut at random points into parts (few partitions, few vectors per part: a
+    partition is often first occupied in a later part, and empty ones tie in Hamming distance):
+    the merge of the parts equals the FDE of all the vectors at once and the literal reading
+    of the paper, in both roles; a part's size does not grow with the vectors it holds."""
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        dim = int(rng.integers(3, 7))
+        p = build_pooler(f"fde:k_sim={int(rng.integers(1, 4))},dim_proj={int(rng.integers(1, dim + 1))},"
+                         f"reps={int(rng.integers(1, 4))},seed={trial},window=true")
+        x = rng.standard_normal((int(rng.integers(2, 14)), dim)).astype(np.float32)
+        cuts = np.sort(rng.choice(np.arange(1, len(x)), size=int(rng.integers(1, min(4, len(x)))), replace=False))
+        pieces = np.split(x, cuts)
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)  # the pooler's token vectors
+        gs, ss = _matrices(p.encoder(dim))
+        for role in ("query", "document"):
+            parts = [p.part(_states(piece), p.pool_role(_states(piece), role), role) for piece in pieces]
+            merged = p.merge(parts, role).numpy()
+            np.testing.assert_allclose(merged, p.encode_sets([unit], role)[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(merged, fde_literal(unit.astype(np.float64), role, gs, ss), atol=1e-5)
+    f = build_pooler("fde")
+    small, large = (f.part(_states(rng.standard_normal((n, 384)).astype(np.float32)), None) for n in (3, 3000))
+    size = [sum(a.nbytes for a in vars(c).values() if isinstance(a, np.ndarray)) for c in (small, large)]
+    assert size[0] == size[1] <= 2 * f.reps * 2 ** f.k_sim * 384 * 4 + 2 * f.reps * 2 ** f.k_sim * 8
+
+
+@pytest.mark.parametrize("role", ["document", "query"])
+def test_a_long_text_over_several_batches_has_the_fde_of_all_its_tokens(role, encoder, embedder, scifact_docs,
+                                                                      monkeypatch):
+    """A text of SciFact abstracts over 3,000 tokens, forwarded four windows per batch: its
+    ``fde:window=true`` (merged from one bounded part per batch) equals the FDE of all its
+    token vectors encoded at once, and the paper's literal reading of them (there with 2**7
+    partitions, so that many are empty and filled from vectors of later batches)."""
+    text, n = "", 0
+    for doc in scifact_docs:
+        text, n = (text + "\n\n" + doc).strip(), n + len(encoder.tokenizer(doc, add_special_tokens=False)["input_ids"])
+        if n > 3000:
+            break
+    monkeypatch.setattr(encoder, "max_batch_tokens", 4 * encoder.max_length)
+    batches = [s for _, s in encoder.encode([text], WINDOWED, role=role)]
+    assert len(batches) >= 3 and batches[0].continued and sum(int(s.attention_mask.sum()) for s in batches) > 3000
+    specs = ["fde:window=true", "fde:k_sim=7,dim_proj=8,reps=2,window=true"]
+    out = embedder.embed([text], specs + ["tokens:window=true"], role=role, normalize=False)
+    tokens = out.vectors["tokens:window=true"][0]  # every token vector, as the FDE pooler normalizes them
+    for spec in specs:
+        p = embedder.pooler(spec)
+        want = p.encode_sets([tokens], role)[0]  # float32 sums in another order: rounding relative to the vector
+        np.testing.assert_allclose(out.vectors[spec][0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    small = embedder.pooler(specs[1]).encoder(tokens.shape[1])
+    if role == "document":  # the fill matters: empty partitions, some first met after the first batch
+        first_batch = int(batches[0].attention_mask.sum())
+        occupied_late = set(small.partition(tokens[first_batch:])[:, 0]) - set(small.partition(tokens[:first_batch])[:, 0])
+        assert len(set(small.partition(tokens)[:, 0])) < small.partitions and occupied_late
+    gs, ss = _matrices(small)
+    want = fde_literal(tokens.astype(np.float64), role, gs, ss)
+    np.testing.assert_allclose(out.vectors[specs[1]][0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
