@@ -37,14 +37,14 @@ from .errors import (
     SpecMismatchError,
     TrainingError,
 )
-from .maxsim import dequantize, maxsim_scores, quantize
+from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
     "Collection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest",
     "BACKENDS", "BackendError", "Capabilities", "STATS_KEYS",
-    "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize",
+    "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
     "CollectionError", "IndexError_", "NotFoundError", "CollectionNotFoundError",
     "DocumentNotFoundError", "NotACollectionError", "FormatVersionError", "SpecMismatchError",
     "InvalidInputError", "TrainingError", "CollectionLockedError", "CorruptCollectionError",

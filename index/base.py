@@ -105,6 +105,8 @@ class Stats:
         index_type: the vector index, as the backend names it (FAISS factory, Milvus index type).
         backend: the backend's name, for people (``faiss``, ``milvus``).
         location: where the collection lives, for people (a folder, a Milvus URI).
+        companion_rows: live companion rows of a collection that keeps its companion
+            (``spec.companion_pooler``), else ``None``.
     """
 
     documents: int
@@ -117,6 +119,7 @@ class Stats:
     index_type: str
     backend: str
     location: str
+    companion_rows: int | None = None
 
 
 STATS_KEYS = tuple(f.name for f in dataclasses.fields(Stats))
@@ -182,7 +185,7 @@ class CollectionBase(ABC):
     @abstractmethod
     def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
             metadata: Sequence[dict | None] | None = None, *, model: str | None = None,
-            pooler: str | None = None) -> None:
+            pooler: str | None = None, companion: Any = None) -> None:
         """Insert or replace documents. Validates the whole batch first; on any error nothing
         changes. Visible to this object's searches at once, durable after :meth:`commit`.
 
@@ -192,6 +195,11 @@ class CollectionBase(ABC):
             texts: optional text per document.
             metadata: optional JSON-serializable dict per document.
             model, pooler: if given, must equal the manifest's (guards against mixing models).
+            companion: a collection that keeps companion vectors (``spec.companion_pooler``):
+                per document its ``[companion_dim]`` vector or ``[r_i, companion_dim]`` rows
+                (``r_i >= 1``; exactly one with ``companion_rows="document"``), written with the
+                documents; required there, refused elsewhere. Replacing a document replaces its
+                rows, deleting it deletes them.
         """
 
     @abstractmethod
@@ -273,6 +281,12 @@ class CollectionBase(ABC):
         """Candidates from the token ANN (``k_token`` per query token), then exact MaxSim."""
 
     @abstractmethod
+    def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
+                          k: int) -> list[list[Hit]]:
+        """Candidates from the collection's own companion rows (the ``candidates`` documents of
+        the best rows for each companion query ``cq[i]``), then exact MaxSim."""
+
+    @abstractmethod
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
         """Exact MaxSim of each query against its candidate documents (external ids)."""
 
@@ -298,8 +312,9 @@ class CollectionBase(ABC):
         return {**self._manifest, "counts": self._counts()}
 
     def _check_add(self, ids: Sequence[str], vectors: Any, texts: Any, metadata: Any,
-                   model: str | None, pooler: str | None):
-        """Validate a whole ``add`` batch: ``(ids, vectors, texts, metadata JSON strings)``."""
+                   model: str | None, pooler: str | None, companion: Any = None):
+        """Validate a whole ``add`` batch: ``(ids, vectors, texts, metadata JSON strings,
+        companion rows or None)``."""
         self._check_open()
         check_model_pooler(self.spec, self.name, model, pooler)
         ids = check_ids(ids)
@@ -307,7 +322,34 @@ class CollectionBase(ABC):
             vecs: Any = check_single_vectors(self.spec, self.name, vectors, ids, "vectors")
         else:
             vecs = check_multi_vectors(self.spec, self.name, vectors, ids, "vectors")
-        return ids, vecs, check_texts(texts, len(ids)), check_metadata(metadata, ids)
+        return (ids, vecs, check_texts(texts, len(ids)), check_metadata(metadata, ids),
+                self._check_companion(companion, ids))
+
+    def _check_companion(self, companion: Any, ids: list[str]) -> list[np.ndarray] | None:
+        spec = self.spec
+        if spec.companion_pooler is None:
+            if companion is not None:
+                raise InvalidInputError(f"collection {self.name!r} keeps no companion vectors; leave "
+                                        "companion out (create it with a companion pooler to keep them)")
+            return None
+        if companion is None:
+            raise InvalidInputError(
+                f"collection {self.name!r} keeps companion vectors of pooler {spec.companion_pooler!r} for "
+                f"two_stage search: pass companion=, per document its [{spec.companion_dim}] vector"
+                + (f" or [r, {spec.companion_dim}] rows" if spec.companion_rows == "window" else ""))
+        if isinstance(companion, np.ndarray) and companion.ndim == 2:
+            companion = list(companion)  # one vector per document
+        if not isinstance(companion, (list, tuple)):
+            raise InvalidInputError(f"companion must be a list with one entry per document")
+        rows = [np.asarray(c)[None, :] if np.ndim(c) == 1 else c for c in companion]
+        out = check_multi_vectors(spec.companion_spec(), self.name, rows, ids, "companion")
+        if spec.companion_rows == "document":
+            many = [ids[j] for j, r in enumerate(out) if len(r) != 1]
+            if many:
+                raise InvalidInputError(
+                    f"collection {self.name!r} keeps one companion vector per document (companion_rows "
+                    f"'document'), but document {many[0]!r} has {len(out[ids.index(many[0])])}")
+        return out
 
     def _check_delete(self, ids: Sequence[str]) -> list[str]:
         """The distinct ids of a ``delete`` call, validated."""
@@ -338,10 +380,12 @@ class CollectionBase(ABC):
             k: results per query.
             mode: multi only. ``exhaustive`` (exact MaxSim against every document), ``tokens``
                 (token ANN: ``k_token`` neighbours per query token give the candidates, then exact
-                MaxSim) or ``two_stage`` (the ``candidates`` best documents of the companion
-                single-vector collection for ``companion_queries``, then exact MaxSim).
-            companion: the companion collection (any backend); defaults to ``spec.companion``
-                opened from the same backend and location.
+                MaxSim) or ``two_stage`` (the ``candidates`` best documents by their companion
+                vectors for ``companion_queries``, then exact MaxSim): the collection's own
+                companion rows when it keeps them (``spec.companion_pooler``; the documents of
+                the best rows), else those of a companion single-vector collection.
+            companion: the companion collection (any backend) of a collection that does not keep
+                its own; defaults to ``spec.companion`` opened from the same backend and location.
             companion_pooler: the pooler spec ``companion_queries`` were made with; refused
                 unless it is the companion's (an FDE made with other parameters approximates
                 nothing, though it may have the same dimension).
@@ -364,6 +408,8 @@ class CollectionBase(ABC):
         if mode == "tokens":
             return self._search_tokens(qs, k, check_positive_int("k_token", k_token))
         candidates = check_positive_int("candidates", candidates)
+        if self.spec.companion_pooler is not None:
+            return self._two_stage_own(qs, companion, companion_queries, companion_pooler, candidates, k)
         comp = self._resolve_companion(companion)
         if companion_queries is None:
             raise InvalidInputError(
@@ -379,6 +425,27 @@ class CollectionBase(ABC):
             raise InvalidInputError(
                 f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
         return self._rerank(qs, comp.candidate_ids(cq, candidates), k)
+
+    def _two_stage_own(self, qs: list[np.ndarray], companion: Any, companion_queries: Any,
+                       companion_pooler: str | None, candidates: int, k: int) -> list[list[Hit]]:
+        """``two_stage`` on a collection that keeps its companion rows itself."""
+        spec = self.spec
+        if companion is not None:
+            raise InvalidInputError(f"collection {self.name!r} keeps its own companion vectors (pooler "
+                                    f"{spec.companion_pooler!r}); do not pass companion=")
+        if companion_queries is None:
+            raise InvalidInputError(
+                f"mode='two_stage' needs companion_queries: one [{spec.companion_dim}] vector per query, "
+                f"embedded with pooler {spec.companion_pooler!r} (role query)")
+        if companion_pooler is not None and companion_pooler != spec.companion_pooler:
+            raise SpecMismatchError(
+                f"companion_queries were made with pooler {companion_pooler!r}, but collection {self.name!r} "
+                f"keeps companion vectors of pooler {spec.companion_pooler!r}; embed the queries with "
+                f"{spec.companion_pooler!r} (role query)")
+        cq = as_matrix(companion_queries, spec.companion_dim, "companion_queries", self.name)
+        if len(cq) != len(qs):
+            raise InvalidInputError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
+        return self._search_companion(qs, cq, candidates, k)
 
     def candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
         """Ids only of the top-k documents per query (two-stage candidate generation)."""

@@ -70,7 +70,7 @@ log = logging.getLogger("embedpool.index")
 
 __all__ = ["Collection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
-_MANAGED = re.compile(r"^(vectors-\d+\.faiss|tokens-\d+\.faiss|seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
+_MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
 STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
 PROPERTY_PREFIX = "property:"
 #: properties that format-1 collections kept in files of their own (read until migrated)
@@ -261,16 +261,17 @@ class Collection(CollectionBase):
     # ---- writes -------------------------------------------------------------------------
     def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
             metadata: Sequence[dict | None] | None = None, *, model: str | None = None,
-            pooler: str | None = None) -> None:
+            pooler: str | None = None, companion: Any = None) -> None:
         """Insert or replace documents (see :meth:`CollectionBase.add`); durable after
         :meth:`commit`."""
-        ids, vecs, texts_, metas = self._check_add(ids, vectors, texts, metadata, model, pooler)
+        ids, vecs, texts_, metas, comp = self._check_add(ids, vectors, texts, metadata, model, pooler,
+                                                         companion)
         n = len(ids)
         if n == 0:
             return
         with self._wmutex:
             self._check_open()
-            self._vec.check_add(n)
+            self._vec.check_add(n, comp)
             self._begin_write()
             with self._rw.write():
                 existing = self._db.lookup_ext(ids)
@@ -282,7 +283,7 @@ class Collection(CollectionBase):
                         self._db.delete_int(old.tolist())
                     self._db.insert(rows)
                     # vectors last: if this raises, the savepoint undoes the rows
-                    self._vec.add(new_ids, vecs)
+                    self._vec.add(new_ids, vecs, comp)
                     self._vec.remove(old)
                 self._next_int_id += n
                 self._dirty = True
@@ -446,6 +447,13 @@ class Collection(CollectionBase):
             self._check_open()
             self._ensure_token_index()
             cands = self._vec.token_candidates(qs, k_token)
+            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+
+    def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
+                          k: int) -> list[list[Hit]]:
+        with self._rw.read():
+            self._check_open()
+            cands = self._vec.companion_candidates(cq, candidates)
             return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:

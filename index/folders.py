@@ -15,7 +15,7 @@ from .docstore import DB_NAME, DocStore
 from .durable import fsync_dir, fsync_path, now_iso, write_durable_bytes
 from .errors import CollectionLockedError, CollectionNotFoundError, NotACollectionError
 from .locks import FileLock
-from .spec import FORMAT_VERSION, MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
+from .spec import MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
 
 LOCK_FILE = "writer.lock"  # flock held by the process that has uncommitted writes
 
@@ -89,7 +89,7 @@ def _init_folder(folder: Path, name: str, spec: CollectionSpec) -> None:
     try:
         db.begin()
         for k, v in (("generation", 0), ("next_int_id", 0), ("next_seg_id", 0),
-                     ("vector_file", None), ("token_index", None), ("format_version", FORMAT_VERSION)):
+                     ("vector_file", None), ("token_index", None), ("format_version", spec.format_version)):
             db.set_meta(k, v)
         db.commit()
     finally:

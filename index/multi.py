@@ -2,13 +2,15 @@
 and an optional token-level FAISS index for candidate generation.
 
 A segment is written once, by the commit that creates it (``seg-<id>.vec.npy`` holds the token
-codes, ``seg-<id>.aux.npz`` the document offsets, internal ids and int8 scales). A document
+codes, ``seg-<id>.aux.npz`` the document offsets, internal ids, int8 scales and, for a
+collection that keeps companion rows, each document's row count). A document
 removed or replaced later is a tombstone: its internal id is no longer in the document store,
 so it is masked out of every search; :meth:`MultiStore.compacted` merges the live documents
 into one new segment.
 
-Its state in the document store: the ``segments`` rows, ``next_seg_id`` and ``token_index``
-(``{"file": "tokens-<gen>.faiss", "segments": [...]}``: the segments whose tokens it holds).
+Its state in the document store: the ``segments`` rows, ``next_seg_id``, ``token_index``
+(``{"file": "tokens-<gen>.faiss", "segments": [...]}``: the segments whose tokens it holds) and
+``companion_file`` (the companion rows' index, :mod:`index.companion`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from .durable import fsync_dir, write_durable
 from .errors import CorruptCollectionError, TrainingError
+from .companion import CompanionRows, row_ids
 from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
 from .single import min_training_vectors
 from .spec import CollectionSpec, _first_line
@@ -30,6 +33,9 @@ from .vectors import StoreCommit, StoreState, VectorStore
 
 TOKEN_TRAIN_SAMPLE = 100_000
 _ADD_CHUNK = 65_536
+#: token rows quantized at a time by ``add``: the float32 temporaries of quantization stay a few
+#: MB however many documents one call adds
+_QUANTIZE_ROWS = 8_192
 
 
 def seg_files(seg_id: int) -> tuple[str, str]:
@@ -65,6 +71,7 @@ class Segment:
     offsets: np.ndarray  # [n + 1] int64
     doc_ids: np.ndarray  # [n] int64
     live: np.ndarray  # [n] bool
+    comp_rows: np.ndarray | None = None  # [n] int64: companion rows per document (None: no companion)
     committed: bool = True
     written_to: Path | None = field(default=None, repr=False)  # folder of the files write() made
     # pending (uncommitted) segments grow in place
@@ -73,6 +80,7 @@ class Segment:
     _g_offsets: _Grow | None = field(default=None, repr=False)
     _g_ids: _Grow | None = field(default=None, repr=False)
     _g_live: _Grow | None = field(default=None, repr=False)
+    _g_comp: _Grow | None = field(default=None, repr=False)
 
     @property
     def n_docs(self) -> int:
@@ -83,10 +91,11 @@ class Segment:
         return int(self.offsets[-1])
 
     @classmethod
-    def pending(cls, seg_id: int, dim: int, precision: str) -> "Segment":
+    def pending(cls, seg_id: int, dim: int, precision: str, companion: bool = False) -> "Segment":
         dtype = np.dtype(precision)
         s = cls(seg_id, np.empty((0, dim), dtype), None, np.zeros(1, np.int64),
                 np.empty(0, np.int64), np.empty(0, bool), committed=False)
+        s._g_comp = _Grow((), np.dtype(np.int64)) if companion else None
         s._g_codes = _Grow((dim,), dtype)
         s._g_scales = _Grow((), np.dtype(np.float32)) if precision == "int8" else None
         s._g_offsets = _Grow((), np.dtype(np.int64))
@@ -96,17 +105,43 @@ class Segment:
         return s
 
     def append(self, int_ids: np.ndarray, codes: np.ndarray, scales: np.ndarray | None,
-               lens: np.ndarray) -> np.ndarray:
-        """Append documents; returns their row numbers in this segment."""
+               lens: np.ndarray, comp_rows: np.ndarray | None = None) -> np.ndarray:
+        """Append documents (their codes in order, ``lens`` rows each); returns their row numbers
+        in this segment."""
+        self.append_rows(codes, scales)
+        return self.append_docs(int_ids, lens, comp_rows)
+
+    def append_rows(self, codes: np.ndarray, scales: np.ndarray | None) -> None:
+        """Append token rows of documents that :meth:`append_docs` then records."""
         assert not self.committed
-        first = self.n_docs
-        base = int(self._g_offsets.view[-1])
         self._g_codes.extend(codes)
         if self._g_scales is not None:
             self._g_scales.extend(scales)
+
+    @property
+    def pending_rows(self) -> int:
+        return self._g_codes.n
+
+    def drop_rows(self, n: int) -> None:
+        """Forget the rows appended after the first ``n`` (not yet in a document)."""
+        self._g_codes.n = n
+        if self._g_scales is not None:
+            self._g_scales.n = n
+        self._refresh()
+
+    def append_docs(self, int_ids: np.ndarray, lens: np.ndarray,
+                    comp_rows: np.ndarray | None = None) -> np.ndarray:
+        """Record documents over the last ``sum(lens)`` rows not yet in a document (and, with a
+        companion, their companion row counts); returns their row numbers in this segment."""
+        first = self.n_docs
+        base = int(self._g_offsets.view[-1])
+        if base + int(np.sum(lens)) != self._g_codes.n:
+            raise CorruptCollectionError("segment rows and documents disagree")
         self._g_offsets.extend(base + np.cumsum(lens))
         self._g_ids.extend(int_ids)
         self._g_live.extend(np.ones(len(int_ids), bool))
+        if self._g_comp is not None:
+            self._g_comp.extend(comp_rows)
         self._refresh()
         return np.arange(first, first + len(int_ids))
 
@@ -116,6 +151,7 @@ class Segment:
         self.offsets = self._g_offsets.view
         self.doc_ids = self._g_ids.view
         self.live = self._g_live.view
+        self.comp_rows = None if self._g_comp is None else self._g_comp.view
 
     def freeze(self) -> None:
         """Turn a pending segment into a committed one. Its token codes are then read from the
@@ -129,7 +165,8 @@ class Segment:
             self.codes = self.codes.copy()
         self.scales = None if self.scales is None else self.scales.copy()
         self.offsets, self.doc_ids, self.live = self.offsets.copy(), self.doc_ids.copy(), self.live.copy()
-        self._g_codes = self._g_scales = self._g_offsets = self._g_ids = self._g_live = None
+        self.comp_rows = None if self.comp_rows is None else self.comp_rows.copy()
+        self._g_codes = self._g_scales = self._g_offsets = self._g_ids = self._g_live = self._g_comp = None
         self.committed = True
 
     def write(self, folder: Path) -> None:
@@ -140,6 +177,8 @@ class Segment:
         aux = {"offsets": self.offsets, "doc_ids": self.doc_ids}
         if self.scales is not None:
             aux["scales"] = self.scales
+        if self.comp_rows is not None:
+            aux["companion_rows"] = self.comp_rows
         write_durable(folder / aux_name, lambda f: np.savez(f, **aux), sync_dir=False)
         self.written_to = folder
 
@@ -151,9 +190,11 @@ class Segment:
             offsets = z["offsets"].astype(np.int64)
             doc_ids = z["doc_ids"].astype(np.int64)
             scales = z["scales"].astype(np.float32) if "scales" in z.files else None
-        if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1:
+            comp = z["companion_rows"].astype(np.int64) if "companion_rows" in z.files else None
+        if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1 or \
+                (comp is not None and len(comp) != len(doc_ids)):
             raise CorruptCollectionError(f"segment {seg_id} files disagree on their size")
-        return cls(seg_id, codes, scales, offsets, doc_ids, np.isin(doc_ids, live_ids))
+        return cls(seg_id, codes, scales, offsets, doc_ids, np.isin(doc_ids, live_ids), comp)
 
     def dequantized(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 tokens of the documents ``rows`` and their per-token document ids."""
@@ -161,14 +202,36 @@ class Segment:
         return dequantize(codes, scales), np.repeat(self.doc_ids[rows], np.diff(offs))
 
 
+def _row_blocks(docs: Sequence[np.ndarray], rows: int):
+    """The documents' rows, in order, in blocks of at most ``rows`` (short documents joined, a
+    long one cut)."""
+    buf: list[np.ndarray] = []
+    n = 0
+    for d in docs:
+        for a in range(0, len(d), rows):
+            piece = d[a:a + rows]
+            if buf and n + len(piece) > rows:
+                yield buf[0] if len(buf) == 1 else np.concatenate(buf)
+                buf, n = [], 0
+            buf.append(piece)
+            n += len(piece)
+    if buf:
+        yield buf[0] if len(buf) == 1 else np.concatenate(buf)
+
+
 class MultiStore(VectorStore):
     """All segments of a multi-vector collection plus the uncommitted (pending) one."""
 
-    META_KEYS = ("next_seg_id", "token_index")
+    META_KEYS = ("next_seg_id", "token_index", *CompanionRows.META_KEYS)
     supports_token_ann = True
 
-    def __init__(self, spec: CollectionSpec, next_seg_id: int = 0) -> None:
+    def __init__(self, spec: CollectionSpec, next_seg_id: int = 0,
+                 companion: CompanionRows | None = None) -> None:
         self.spec = spec
+        # the companion rows the collection keeps (spec.companion_pooler), else None
+        if companion is None and spec.companion_pooler is not None:
+            companion = CompanionRows.empty(spec.companion_spec())
+        self.companion = companion
         self.next_seg_id = next_seg_id  # id of the next new segment
         self.reset_segments = False  # compacted: the next commit replaces every segment row
         self.segments: list[Segment] = []  # committed, then the pending one last (if any)
@@ -180,7 +243,7 @@ class MultiStore(VectorStore):
     # ---- loading ------------------------------------------------------------------------
     @classmethod
     def required_files(cls, state: StoreState) -> list[str]:
-        return [f for sid, _, _ in state.segments for f in seg_files(sid)]
+        return [f for sid, _, _ in state.segments for f in seg_files(sid)] + CompanionRows.committed_files(state)
 
     @classmethod
     def committed_files(cls, state: StoreState) -> list[str]:
@@ -203,6 +266,8 @@ class MultiStore(VectorStore):
             raise CorruptCollectionError(
                 f"segments hold {len(store.loc)} of the {len(live_ids)} documents of the document "
                 "store")
+        if spec.companion_pooler is not None:
+            store.companion = store._load_companion(folder, state)
         if token_meta and set(token_meta["segments"]) <= set(seg_ids):
             path = folder / token_meta["file"]
             if path.is_file():
@@ -213,35 +278,73 @@ class MultiStore(VectorStore):
                         store._index_segment_tokens(seg, np.flatnonzero(seg.live))
         return store
 
+    def _load_companion(self, folder: Path, state: StoreState) -> CompanionRows:
+        """The committed companion index, checked against the rows the segments record for the
+        live documents."""
+        ids, counts = [], []
+        for seg in self.segments:
+            if seg.comp_rows is None:
+                raise CorruptCollectionError(f"segment {seg.seg_id} has no companion row counts")
+            ids.append(seg.doc_ids[seg.live])
+            counts.append(seg.comp_rows[seg.live])
+        live_rows = row_ids(np.concatenate(ids), np.concatenate(counts)) if ids else np.zeros(0, np.int64)
+        try:
+            return CompanionRows.load(self.spec.companion_spec(), folder, state, live_rows)
+        except CorruptCollectionError as e:
+            raise CorruptCollectionError(f"companion index: {e}") from None
+
     # ---- writes -------------------------------------------------------------------------
     @property
     def pending(self) -> Segment | None:
         return self.segments[-1] if self.segments and not self.segments[-1].committed else None
 
-    def add(self, int_ids: np.ndarray, docs: Sequence[np.ndarray]) -> None:
+    def check_add(self, n: int, companion: Sequence[np.ndarray] | None = None) -> None:
+        if self.companion is not None and companion is not None:
+            self.companion.check_add(sum(len(r) for r in companion))
+
+    def add(self, int_ids: np.ndarray, docs: Sequence[np.ndarray],
+            companion: Sequence[np.ndarray] | None = None) -> None:
+        """Add documents (``[n_i, dim]`` token vectors each) and, for a collection that keeps
+        companion rows, their rows (``[r_i, companion_dim]`` each)."""
+        int_ids = np.asarray(int_ids, np.int64)
         pend = self.pending
         if pend is None:
-            pend = Segment.pending(self.next_seg_id, self.spec.dim, self.spec.precision)
+            pend = Segment.pending(self.next_seg_id, self.spec.dim, self.spec.precision,
+                                   companion=self.companion is not None)
             self.next_seg_id += 1
             self.segments.append(pend)
         lens = np.array([len(d) for d in docs], dtype=np.int64)
-        codes, scales = quantize(np.concatenate(docs, axis=0), self.spec.precision)
-        rows = pend.append(np.asarray(int_ids, np.int64), codes, scales, lens)
+        n_rows = pend.pending_rows
+        try:
+            for block in _row_blocks(docs, _QUANTIZE_ROWS):  # never a float32 copy of the whole batch
+                pend.append_rows(*quantize(block, self.spec.precision))
+            counts = None if self.companion is None else self.companion.add_docs(int_ids, list(companion))
+            rows = pend.append_docs(int_ids, lens, counts)
+        except BaseException:
+            pend.drop_rows(n_rows)  # rows of documents that were not recorded
+            raise
         for i, r in zip(int_ids, rows.tolist()):
             self.loc[int(i)] = (pend, r)
         if self.token_index is not None:
             self._index_segment_tokens(pend, rows)
 
     def remove(self, int_ids: Sequence[int]) -> None:
+        ids, counts = [], []
         for i in int_ids:
             seg, row = self.loc.pop(int(i))
             seg.live[row] = False
+            if self.companion is not None:
+                ids.append(int(i))
+                counts.append(int(seg.comp_rows[row]))
+        if ids:
+            self.companion.remove_docs(np.array(ids, np.int64), np.array(counts, np.int64))
 
     @property
     def dirty(self) -> bool:
         pend = self.pending
         return bool(pend is not None and pend.n_docs) or self.reset_segments or \
-            (self.token_index is not None and self.token_dirty)
+            (self.token_index is not None and self.token_dirty) or \
+            (self.companion is not None and self.companion.dirty)
 
     def write(self, folder: Path, gen: int) -> StoreCommit:
         """The pending segment's files, and the token index (``tokens-<gen>.faiss``) if it
@@ -256,10 +359,14 @@ class MultiStore(VectorStore):
             name = f"tokens-{gen:08d}.faiss"
             write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.token_index, tmp))
             out.meta["token_index"] = {"file": name, "segments": sorted(self.token_segments)}
+        if self.companion is not None:
+            out.meta.update(self.companion.write(folder, gen).meta)
         return out
 
     def mark_committed(self, commit: StoreCommit) -> None:
         self.reset_segments = False
+        if self.companion is not None:
+            self.companion.mark_committed(commit)
         pend = self.pending
         if pend is not None:
             if pend.n_docs == 0:
@@ -275,9 +382,10 @@ class MultiStore(VectorStore):
         if sum(s.n_docs for s in self.segments) == self.n_docs and len(self.segments) <= 1:
             return None
         seg_id = self.next_seg_id
-        new = MultiStore(self.spec, seg_id + 1)
+        comp = None if self.companion is None else (self.companion.compacted() or self.companion)
+        new = MultiStore(self.spec, seg_id + 1, comp)
         new.reset_segments = True
-        parts_codes, parts_scales, lens, ids = [], [], [], []
+        parts_codes, parts_scales, lens, ids, comp_rows = [], [], [], [], []
         for seg in self.segments:
             rows = np.flatnonzero(seg.live)
             if not len(rows):
@@ -287,13 +395,15 @@ class MultiStore(VectorStore):
             parts_scales.append(s)
             lens.append(np.diff(o))
             ids.append(seg.doc_ids[rows])
-        pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision)
+            if seg.comp_rows is not None:
+                comp_rows.append(seg.comp_rows[rows])
+        pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision, companion=comp is not None)
         new.segments.append(pend)
         if ids:
             all_ids = np.concatenate(ids)
             rows = pend.append(all_ids, np.concatenate(parts_codes),
                                None if parts_scales[0] is None else np.concatenate(parts_scales),
-                               np.concatenate(lens))
+                               np.concatenate(lens), np.concatenate(comp_rows) if comp is not None else None)
             new.loc = {int(i): (pend, r) for i, r in zip(all_ids.tolist(), rows.tolist())}
         if self.token_index is not None:
             new.build_token_index()
@@ -360,13 +470,22 @@ class MultiStore(VectorStore):
 
     def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
         seg, row = self.loc[int(int_id)]
-        return {"vectors": seg.dequantized(np.array([row]))[0]}
+        out = {"vectors": seg.dequantized(np.array([row]))[0]}
+        if self.companion is not None:
+            out["companion"] = np.stack([self.companion.index.reconstruct(int(r)) for r in
+                                         row_ids(np.array([int_id]), seg.comp_rows[row:row + 1])])
+        return out
 
     def storage_stats(self, folder: Path) -> dict[str, Any]:
         return {"bytes_per_doc": self.bytes_per_doc(),
                 "tombstones": sum(s.n_docs for s in self.segments) - self.n_docs,
                 "segments": len(self.segments), "token_index": self.token_index is not None,
-                "index_type": self.spec.token_factory}
+                "index_type": self.spec.token_factory,
+                "companion_rows": None if self.companion is None else self.companion.n_docs}
+
+    def companion_candidates(self, x: np.ndarray, k: int) -> list[np.ndarray]:
+        """Per companion query vector, the int ids of the ``k`` best live documents."""
+        return self.companion.candidates(x, k)
 
     def live_vectors(self) -> int:
         return int(sum(int(np.diff(s.offsets)[s.live].sum()) for s in self.segments))
@@ -378,7 +497,8 @@ class MultiStore(VectorStore):
         if not self.loc:
             return 0.0
         per_tok = bytes_per_vector(self.spec.dim, self.spec.precision)
-        return (self.live_vectors() * per_tok + 16 * len(self.loc)) / len(self.loc)
+        comp = 0 if self.companion is None else self.companion.n_docs * 4 * self.spec.companion_dim
+        return (self.live_vectors() * per_tok + 16 * len(self.loc) + comp) / len(self.loc)
 
     def exhaustive(self, queries: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """MaxSim of every query against every live document: (scores [q, n], int ids [n])."""

@@ -53,6 +53,9 @@ class SingleStore(VectorStore):
     they are filtered out of search results (over-fetching) until :meth:`rebuilt`."""
 
     META_KEYS = ("vector_file",)
+    #: the ``meta`` key naming the committed index file, and that file's name before ``-<gen>``
+    META_KEY = "vector_file"
+    FILE_PREFIX = "vectors"
     dirty = False  # index changed since last write
 
     def __init__(self, spec: CollectionSpec, index: faiss.Index, file: str | None = None) -> None:
@@ -83,13 +86,13 @@ class SingleStore(VectorStore):
 
     @classmethod
     def committed_files(cls, state: StoreState) -> list[str]:
-        return [state.meta["vector_file"]] if state.meta.get("vector_file") else []
+        return [state.meta[cls.META_KEY]] if state.meta.get(cls.META_KEY) else []
 
     @classmethod
     def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
              live_ids: np.ndarray) -> "SingleStore":
         """Load the committed index file and check it holds exactly the live documents."""
-        name = state.meta.get("vector_file")
+        name = state.meta.get(cls.META_KEY)
         store = cls.empty(spec) if not name else cls(spec, faiss.read_index(str(folder / name)), name)
         live = np.asarray(live_ids, dtype=np.int64)
         idx = store.index
@@ -109,7 +112,7 @@ class SingleStore(VectorStore):
         return store
 
     # ---- writes -------------------------------------------------------------------------
-    def check_add(self, n: int) -> None:
+    def check_add(self, n: int, companion: None = None) -> None:
         """The first batch trains the index: refuse one too small to train on."""
         if self.index.is_trained:
             return
@@ -121,7 +124,7 @@ class SingleStore(VectorStore):
                 f"at least {need} vectors (FAISS recommends {rec}); this batch has {n}. Add a larger "
                 "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')")
 
-    def add(self, int_ids: np.ndarray, x: np.ndarray) -> None:
+    def add(self, int_ids: np.ndarray, x: np.ndarray, companion: None = None) -> None:
         if not self.index.is_trained:
             self.check_add(len(x))
             try:
@@ -162,7 +165,7 @@ class SingleStore(VectorStore):
         if self.file and (folder / self.file).is_file() and self.index.ntotal:
             per_doc = (folder / self.file).stat().st_size / self.index.ntotal
         return {"bytes_per_doc": per_doc, "tombstones": len(self.dead), "segments": None,
-                "token_index": False, "index_type": self.spec.factory}
+                "token_index": False, "index_type": self.spec.factory, "companion_rows": None}
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (scores, int ids) per query; rows padded with -1 ids when fewer exist."""
@@ -197,20 +200,20 @@ class SingleStore(VectorStore):
 
     # ---- persistence --------------------------------------------------------------------
     def write(self, folder: Path, gen: int) -> StoreCommit:
-        """A changed index goes to a new file, ``vectors-<gen>.faiss``."""
+        """A changed index goes to a new file, ``<FILE_PREFIX>-<gen>.faiss``."""
         if not self.dirty:
             return StoreCommit()
-        name = f"vectors-{gen:08d}.faiss"
+        name = f"{self.FILE_PREFIX}-{gen:08d}.faiss"
         write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.index, tmp))
-        return StoreCommit(meta={"vector_file": name})
+        return StoreCommit(meta={self.META_KEY: name})
 
     def mark_committed(self, commit: StoreCommit) -> None:
         self.dirty = False
-        self.file = commit.meta.get("vector_file", self.file)
+        self.file = commit.meta.get(self.META_KEY, self.file)
 
     def rebuilt(self) -> "SingleStore":
         """A new store with only the live vectors (same ids): drops HNSW tombstones."""
-        new = SingleStore.empty(self.spec)
+        new = type(self).empty(self.spec)
         new.file = self.file
         idx = self.index
         if isinstance(idx, faiss.IndexIDMap2) and idx.ntotal:

@@ -12,8 +12,12 @@ from typing import Any
 from .errors import FormatVersionError, InvalidInputError, NotACollectionError
 from .maxsim import PRECISIONS
 
-#: Version of the on-disk layout written by this code. Opening a newer one is refused.
-FORMAT_VERSION = 1
+#: Version of the on-disk layout written by this code. Opening a newer one is refused. A
+#: collection that manages its companion (``companion_pooler``) is written as version 2, so that
+#: an embedpool that knows only version 1 refuses it instead of writing documents without their
+#: companion rows; every other collection stays version 1.
+FORMAT_VERSION = 2
+COMPANION_ROWS = ("document", "window")
 FORMAT_NAME = "embedpool-collection"
 MANIFEST = "manifest.json"
 
@@ -26,7 +30,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _FIELDS = {
     "single": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory"),
     "multi": ("kind", "model", "pooler", "dim", "metric", "normalized", "precision",
-              "token_factory", "companion"),
+              "token_factory", "companion", "companion_pooler", "companion_dim", "companion_rows",
+              "companion_factory"),
 }
 
 
@@ -53,7 +58,17 @@ class CollectionSpec:
         factory: single: FAISS index factory string (``IDMap2,Flat``, ``HNSW32``, ``IVF256,PQ32``, ...).
         precision: multi: storage precision of token vectors, ``float32`` | ``float16`` | ``int8``.
         token_factory: multi: FAISS factory of the token-level ANN index used by ``mode="tokens"``.
-        companion: multi: name of a single-vector collection (same data dir) for ``two_stage``.
+        companion: multi: name of a separate single-vector collection (same data dir) for
+            ``two_stage`` that the caller fills (the older way; ``companion_pooler`` is the one
+            a collection manages itself).
+        companion_pooler: multi: pooler spec of the companion vectors the collection keeps itself
+            for ``two_stage`` candidates (``mean``, ``fde:...``): written by every ``add`` (its
+            ``companion=`` argument) and ``delete`` in the same commit as the documents.
+        companion_dim: their dimension (with ``companion_pooler``).
+        companion_rows: ``document`` (one companion vector per document) or ``window`` (one or
+            more per document, e.g. one per window of a long document; candidates are the
+            distinct documents of the best rows).
+        companion_factory: FAISS factory of the companion index (``IDMap2,Flat``, ``HNSW32``, ...).
         encoder_precision: the encoder path the vectors were made with (``fp32``,
             ``openvino-bf16``, ...); recorded only, never compared (paths within the quality bar
             make compatible vectors).
@@ -70,6 +85,10 @@ class CollectionSpec:
     token_factory: str = "HNSW32"
     companion: str | None = None
     encoder_precision: str | None = None
+    companion_pooler: str | None = None
+    companion_dim: int = 0
+    companion_rows: str = "document"
+    companion_factory: str = "IDMap2,Flat"
 
     def validate(self) -> "CollectionSpec":
         """Raise :class:`InvalidInputError` naming the bad field; return self."""
@@ -86,16 +105,9 @@ class CollectionSpec:
         if not isinstance(self.normalized, bool):
             raise InvalidInputError("spec.normalized must be true or false")
         if self.kind == "single":
-            try:
-                idx = faiss.index_factory(self.dim, self.factory, _faiss_metric(self.metric))
-            except Exception as e:  # faiss raises RuntimeError with a long C++ trace
-                raise InvalidInputError(
-                    f"spec.factory={self.factory!r} is not a valid FAISS index factory string "
-                    f"for dim {self.dim}: {_first_line(e)}") from None
-            if type(idx).__name__ == "IndexIDMap":
-                raise InvalidInputError(
-                    f"spec.factory={self.factory!r}: use 'IDMap2,...' (IDMap cannot return stored "
-                    "vectors), or leave the IDMap prefix out")
+            _check_factory("factory", self.factory, self.dim, self.metric)
+            if self.companion_pooler is not None:
+                raise InvalidInputError("spec.companion_pooler: only multi-vector collections have a companion")
         else:
             if self.metric != "ip":
                 raise InvalidInputError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
@@ -110,7 +122,34 @@ class CollectionSpec:
                     f"string: {_first_line(e)}") from None
             if self.companion is not None:
                 check_name(self.companion)
+            if self.companion_pooler is not None:
+                self._validate_companion()
         return self
+
+    def _validate_companion(self) -> None:
+        if self.companion is not None:
+            raise InvalidInputError(
+                "spec.companion and spec.companion_pooler: give one -- a companion the collection keeps "
+                "itself (companion_pooler) or the name of one you fill (companion)")
+        if not isinstance(self.companion_pooler, str) or not self.companion_pooler:
+            raise InvalidInputError("spec.companion_pooler must be a pooler spec string such as 'mean'")
+        if isinstance(self.companion_dim, bool) or not isinstance(self.companion_dim, int) or self.companion_dim <= 0:
+            raise InvalidInputError(f"spec.companion_dim={self.companion_dim!r}: must be a positive integer")
+        if self.companion_rows not in COMPANION_ROWS:
+            raise InvalidInputError(
+                f"spec.companion_rows={self.companion_rows!r}: use one of {', '.join(COMPANION_ROWS)}")
+        _check_factory("companion_factory", self.companion_factory, self.companion_dim, "ip")
+
+    def companion_spec(self) -> "CollectionSpec":
+        """The single-vector spec of the companion vectors a collection manages (``companion_pooler``)."""
+        return CollectionSpec(kind="single", model=self.model, pooler=self.companion_pooler or "",
+                              dim=self.companion_dim, metric="ip", normalized=self.normalized,
+                              factory=self.companion_factory)
+
+    @property
+    def format_version(self) -> int:
+        """The layout version a collection of this spec is written with (see :data:`FORMAT_VERSION`)."""
+        return 2 if self.companion_pooler is not None else 1
 
     def fields(self) -> tuple[str, ...]:
         """The fields that matter for this kind (compared on re-create)."""
@@ -129,6 +168,21 @@ class CollectionSpec:
     def from_dict(cls, d: dict[str, Any]) -> "CollectionSpec":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _check_factory(field: str, factory: str, dim: int, metric: str) -> None:
+    import faiss
+
+    try:
+        idx = faiss.index_factory(dim, factory, _faiss_metric(metric))
+    except Exception as e:  # faiss raises RuntimeError with a long C++ trace
+        raise InvalidInputError(
+            f"spec.{field}={factory!r} is not a valid FAISS index factory string for dim {dim}: "
+            f"{_first_line(e)}") from None
+    if type(idx).__name__ == "IndexIDMap":
+        raise InvalidInputError(
+            f"spec.{field}={factory!r}: use 'IDMap2,...' (IDMap cannot return stored vectors), or "
+            "leave the IDMap prefix out")
 
 
 def _faiss_metric(metric: str) -> int:
@@ -161,7 +215,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def new_manifest(name: str, spec: CollectionSpec, created: str, **extra: Any) -> dict[str, Any]:
     """The manifest of a new collection (``extra``: e.g. ``backend``, ``counts``)."""
-    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "name": name,
+    return {"format": FORMAT_NAME, "format_version": spec.format_version, "name": name,
             **spec.to_dict(), **extra, "created": created, "updated": created}
 
 

@@ -69,12 +69,14 @@ class VectorStore(ABC):
         return cls.committed_files(state)
 
     # ---- writes ---------------------------------------------------------------------------
-    def check_add(self, n: int) -> None:
-        """Refuse, before anything changes, a batch of ``n`` documents this store cannot take."""
+    def check_add(self, n: int, companion: Any = None) -> None:
+        """Refuse, before anything changes, a batch of ``n`` documents (with these companion
+        rows) this store cannot take."""
 
     @abstractmethod
-    def add(self, int_ids: np.ndarray, vectors: Any) -> None:
-        """Add documents (single: ``[n, dim]``; multi: ``n`` arrays ``[n_i, dim]``)."""
+    def add(self, int_ids: np.ndarray, vectors: Any, companion: Any = None) -> None:
+        """Add documents (single: ``[n, dim]``; multi: ``n`` arrays ``[n_i, dim]``, and their
+        companion rows when the store keeps them)."""
 
     @abstractmethod
     def remove(self, int_ids: np.ndarray) -> None:

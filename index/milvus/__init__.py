@@ -10,16 +10,20 @@ per document with its token vectors packed in the storage precision (float32/flo
 and int8 scales, exactly the FAISS segments' bytes: :mod:`.packed`), split into further rows only
 when one row's ARRAY field cannot hold them; and, in a second Milvus collection
 ``<that name>__tokens``, one row per token vector for the token-level ANN index (the spec's
-``token_factory``). The vector index is mapped from the spec's FAISS factory string
-(:mod:`.mapping`: Flat -> FLAT, HNSW<M> -> HNSW, IVF<n>,Flat -> IVF_FLAT, IVF<n>,SQ8 -> IVF_SQ8,
-IVF<n>,PQ<m> -> IVF_PQ). Candidates come from Milvus (``tokens``: ANN over the token rows;
-``two_stage``: any single-vector collection); embedpool then fetches the candidates' packed rows
-in one query (by primary key ``<doc id>#0``, up to 128 documents a query) and reranks them by
-exact MaxSim (:func:`index.maxsim.maxsim_scores`) on the stored codes, as FAISS does, so rankings
-equal the FAISS backend's for the same spec. ``exhaustive`` reads every document row (small
-collections). A multi-vector collection of layout 1 (one row per token vector, embedpool before
-issue 13) is refused on open with a message that says how to rebuild it. Milvus' own
-array-of-struct ``MAX_SIM`` (servers >= 2.6.4) is not used: Milvus Lite 3.2 has no such fields
+``token_factory``). One that keeps its companion (``spec.companion_pooler``) has a third,
+``<that name>__companion``: one row per companion vector (``companion_factory``), written by
+every ``add`` and ``delete`` with the documents. Hidden collections are never listed. The vector
+index is mapped from the spec's FAISS factory string (:mod:`.mapping`: Flat -> FLAT, HNSW<M> ->
+HNSW, IVF<n>,Flat -> IVF_FLAT, IVF<n>,SQ8 -> IVF_SQ8, IVF<n>,PQ<m> -> IVF_PQ). Candidates come
+from Milvus (``tokens``: ANN over the token rows; ``two_stage``: the collection's own companion
+rows -- a search grouped by document, over-fetched where that finds too few documents -- or any
+single-vector collection); embedpool then fetches the candidates' packed rows in one query (by
+primary key ``<doc id>#0``, up to 128 documents a query) and reranks them by exact MaxSim
+(:func:`index.maxsim.maxsim_scores`) on the stored codes, as FAISS does, so rankings equal the
+FAISS backend's for the same spec. ``exhaustive`` reads every document row (small collections).
+A multi-vector collection of layout 1 (one row per token vector, embedpool before issue 13) is
+refused on open with a message that says how to rebuild it. Milvus' own array-of-struct
+``MAX_SIM`` (servers >= 2.6.4) is not used: Milvus Lite 3.2 has no such fields
 (``bench/index.py --backend milvus`` probes it).
 
 The manifest is the collection property ``embedpool.manifest`` and travels with the collection;
@@ -29,10 +33,11 @@ opening with a different spec is refused exactly as for FAISS folders. Other pro
 Durability: every write is applied to Milvus at once (Milvus' own WAL makes it durable);
 :meth:`MilvusCollection.commit` flushes segments, then stores the staged properties and the
 manifest. Milvus has no multi-row transactions: replacing a multi-vector document upserts its
-later parts, then its part 0, then its token rows, then deletes surplus rows of a longer old
-version. Every part carries the write's stamp: a crash in the middle that leaves parts of two
-versions is detected on read (:class:`CorruptCollectionError` naming the document); a document
-within one row (the usual case) is replaced atomically. Add the document again to repair it.
+companion rows (if it has them), its later parts, then its part 0, then its token rows, then
+deletes surplus rows of a longer old version. Every part carries the write's stamp: a crash in
+the middle that leaves parts of two versions is detected on read (:class:`CorruptCollectionError`
+naming the document); a document within one row (the usual case) is replaced atomically. Add the
+document again to repair it.
 
 Milvus Lite allows one process per ``.db`` (it holds a file lock); to share an index between
 processes or API replicas, run a Milvus server and pass its URI. When Milvus cannot be reached,
@@ -52,7 +57,7 @@ from .collection import MANIFEST_KEY, MilvusCollection
 from .connection import ClientPool, Connection
 from .mapping import milvus_index
 from .names import embedpool_name, milvus_name
-from .schema import tokens_name
+from .schema import hidden_names
 
 __all__ = ["MilvusCollection", "ClientPool", "MANIFEST_KEY", "milvus_index", "milvus_name",
            "embedpool_name", "list_collections", "delete_collection", "default_uri", "BACKEND"]
@@ -84,8 +89,9 @@ def _drop(conn: Connection, name: str) -> None:
             raise NotACollectionError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
         client.drop_collection(mname)
-        if client.has_collection(tokens_name(mname)):  # a multi-vector collection's token rows
-            client.drop_collection(tokens_name(mname))
+        for hidden in hidden_names(mname):  # a multi-vector collection's token and companion rows
+            if client.has_collection(hidden):
+                client.drop_collection(hidden)
 
 
 def list_collections(uri: str, *, token: str | None = None) -> list[str]:

@@ -14,17 +14,18 @@ import numpy as np
 from ..base import MANIFEST_PROPERTY, Capabilities, CollectionBase, Hit, make_stats
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
-from ..errors import (CollectionNotFoundError, DocumentNotFoundError, FormatVersionError, InvalidInputError,
-                      NotACollectionError)
+from ..errors import (BackendError, CollectionNotFoundError, CorruptCollectionError, DocumentNotFoundError,
+                      FormatVersionError, InvalidInputError, NotACollectionError)
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name, new_manifest, parse_manifest
 from ..validate import topk
 from .clock import InsertionClock
 from .connection import ClientPool, Connection, is_lite, not_loaded
-from .mapping import metric, milvus_index, search_params, vector_factory
+from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
 from .names import embedpool_name, milvus_name, pk, quote
 from .packed import Packing
-from .schema import FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, layout_record, schema, token_schema, tokens_name
+from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, companion_name, doc_counts, layout_record,
+                     schema, tokens_name, vector_rows, vector_rows_schema)
 
 log = logging.getLogger("embedpool.index")
 
@@ -109,7 +110,7 @@ class MilvusCollection(CollectionBase):
                token: str | None = None) -> "MilvusCollection":
         """Create collection ``name``; if it exists with an equal spec, open it; if with a
         different spec, raise :class:`SpecMismatchError` naming the differing fields."""
-        milvus_index(vector_factory(check_new_spec(name, spec)))
+        check_factories(check_new_spec(name, spec))
         conn = ClientPool.acquire(uri, token)
         try:
             _create_if_absent(conn, name, spec)
@@ -140,8 +141,8 @@ class MilvusCollection(CollectionBase):
         manifest = read_manifest(conn, name)
         coll = cls(conn, name, manifest)  # checks the layout
         coll._rpc(f"loading collection {name!r}", "load_collection")
-        if coll._multi:
-            coll._rpc(f"loading collection {name!r}", "load_collection", coll=coll._tname)
+        for rows in coll._row_colls:  # token rows, companion rows
+            coll._rpc(f"loading collection {name!r}", "load_collection", coll=rows)
         return coll
 
     def __init__(self, conn: Connection, name: str, manifest: dict[str, Any]) -> None:
@@ -156,6 +157,14 @@ class MilvusCollection(CollectionBase):
         self._wlock = ClientPool.write_lock(conn, self._mname)
         self._multi = self.spec.kind == "multi"
         self._tname = tokens_name(self._mname)  # multi: the token rows
+        self._row_colls = [n for n, _ in vector_rows(self._mname, self.spec)]  # token and companion rows
+        has_companion = self.spec.companion_pooler is not None
+        self._cname = companion_name(self._mname) if has_companion else None  # the companion rows
+        self._companion_base = milvus_index(self.spec.companion_factory)[2] if has_companion else {}
+        self._group_by = True  # companion candidates by a grouping search, until Milvus refuses one
+        # multi: the per-document row counts a document's row 0 keeps -> the Milvus collection
+        # of those rows (None: the document rows themselves)
+        self._row_counts = dict(zip(doc_counts(self.spec), [None, *self._row_colls])) if self._multi else {}
         layout = check_layout(manifest, name, conn.uri)
         self._packing = None if layout is None else Packing(
             self.spec.dim, self.spec.precision, layout["element_chars"], layout["row_elements"])
@@ -193,10 +202,10 @@ class MilvusCollection(CollectionBase):
     # ---- writes -------------------------------------------------------------------------------
     def add(self, ids: Sequence[str], vectors: Any, texts: Sequence[str | None] | None = None,
             metadata: Sequence[dict | None] | None = None, *, model: str | None = None,
-            pooler: str | None = None) -> None:
+            pooler: str | None = None, companion: Any = None) -> None:
         """Insert or replace documents (see :meth:`CollectionBase.add`). The batch is
         validated first; on a validation error nothing changes. Applied to Milvus at once."""
-        ids, vecs, texts_, metas = self._check_add(ids, vectors, texts, metadata, model, pooler)
+        ids, vecs, texts_, metas, comp = self._check_add(ids, vectors, texts, metadata, model, pooler, companion)
         if not ids:
             return
         _check_sizes(ids, texts_)
@@ -205,37 +214,48 @@ class MilvusCollection(CollectionBase):
         with self._wlock:
             self._check_open()
             if self._multi:
-                return self._add_multi(ids, vecs, texts_, meta, seq)
+                return self._add_multi(ids, vecs, texts_, meta, seq, comp)
             rows = [{"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m}
                     for j, (i, t, m) in enumerate(zip(ids, texts_, meta))]
-            self._upsert_tokens(rows, None)
+            self._upsert_vectors(rows, None, self.spec.dim)
 
-    def _upsert_tokens(self, rows: list[dict], coll: str | None) -> None:
-        """Upsert rows of one vector each (single-vector documents, token rows)."""
-        for b in _batches(rows, _BATCH_BYTES // (4 * self.spec.dim + 64)):
+    def _upsert_vectors(self, rows: list[dict], coll: str | None, dim: int) -> None:
+        """Upsert rows of one ``dim`` vector each (single-vector documents, token rows,
+        companion rows)."""
+        for b in _batches(rows, _BATCH_BYTES // (4 * dim + 64)):
             self._rpc(f"upsert into {self.name!r}", "upsert", b, coll=coll)
 
     def _add_multi(self, ids: list[str], vecs: list[np.ndarray], texts: list[str | None],
-                   meta: list[Any], seq: int) -> None:
-        """Upsert the documents' packed rows -- later parts first, part 0 last, so a reader
-        that finds the new part 0 finds its other parts -- then their token rows, then delete
-        the surplus parts and token rows of longer old versions."""
-        old = self._heads(ids, ["parts", "n"])
-        heads, tails, tokens, stale, stale_tok = [], [], [], [], []
+                   meta: list[Any], seq: int, comp: list[np.ndarray] | None) -> None:
+        """Upsert the documents' companion rows (a collection that keeps them; first, so a
+        reader that finds a document finds its rows), then their packed rows -- later parts
+        first, part 0 last, so a reader that finds the new part 0 finds its other parts --
+        then their token rows; then delete the surplus parts, token rows and companion rows of
+        longer old versions."""
+        old = self._heads(ids, list(self._row_counts))
+        heads, tails, tokens, companion = [], [], [], []
+        stale: dict[str, list[str]] = {f: [] for f in self._row_counts}
         for j, (i, d, t, m) in enumerate(zip(ids, vecs, texts, meta)):
-            rows, stored = self._packing.rows(i, d, seq + j, t, m)
+            rows, stored = self._packing.rows(i, d, seq + j, t, m,
+                                              None if comp is None else {"companion_rows": len(comp[j])})
             heads.append(rows[0])
             tails.extend(rows[1:])
-            tokens.extend({"pk": pk(i, p), "doc_id": i, "vector": v} for p, v in enumerate(stored))
-            o = old.get(i, {"parts": 0, "n": 0})
-            stale.extend(pk(i, p) for p in range(len(rows), o["parts"]))
-            stale_tok.extend(pk(i, p) for p in range(len(stored), o["n"]))
+            tokens.extend(_vector_rows(i, stored))
+            new = {"parts": len(rows), "n": len(stored)}
+            if comp is not None:
+                companion.extend(_vector_rows(i, comp[j]))
+                new["companion_rows"] = len(comp[j])
+            o = old.get(i, {})
+            for f, keys in stale.items():
+                keys.extend(pk(i, p) for p in range(new[f], o.get(f, 0)))
+        if comp is not None:
+            self._upsert_vectors(companion, self._cname, self.spec.companion_dim)
         for rows in (tails, heads):
             for b in _byte_batches(rows):
                 self._rpc(f"upsert into {self.name!r}", "upsert", b)
-        self._upsert_tokens(tokens, self._tname)
-        self._delete_rows(stale)
-        self._delete_rows(stale_tok, self._tname)
+        self._upsert_vectors(tokens, self._tname, self.spec.dim)
+        for f, coll in self._row_counts.items():
+            self._delete_rows(stale[f], coll)
 
     def _delete_rows(self, pks: list[str], coll: str | None = None) -> None:
         for b in _batches(pks, _DELETE_ROWS):
@@ -250,9 +270,9 @@ class MilvusCollection(CollectionBase):
             self._refuse_unknown(ids, self._existing(ids))
             if not self._multi:
                 return self._delete_rows(ids)
-            heads = self._heads(ids, ["parts", "n"])
-            self._delete_rows([pk(d, p) for d, r in heads.items() for p in range(r["parts"])])
-            self._delete_rows([pk(d, p) for d, r in heads.items() for p in range(r["n"])], self._tname)
+            heads = self._heads(ids, list(self._row_counts))
+            for f, coll in self._row_counts.items():  # document rows first: then the document is gone
+                self._delete_rows([pk(d, p) for d, r in heads.items() for p in range(r[f])], coll)
 
     def commit(self) -> None:
         """Flush Milvus segments, then store the staged properties and the manifest's time
@@ -260,8 +280,8 @@ class MilvusCollection(CollectionBase):
         with self._wlock:
             self._check_open()
             m = {**self._manifest, "updated": now_iso()}  # counts are live in Milvus
-            if self._multi:
-                self._rpc(f"flush of {self.name!r}", "flush", coll=self._tname)
+            for rows in self._row_colls:  # token rows, companion rows
+                self._rpc(f"flush of {self.name!r}", "flush", coll=rows)
             self._rpc(f"flush of {self.name!r}", "flush")
             self._rpc(f"flush of {self.name!r}", "alter_collection_properties",
                       properties={**self._props, MANIFEST_KEY: json.dumps(m)})
@@ -288,7 +308,7 @@ class MilvusCollection(CollectionBase):
         """Ask Milvus to compact (drop deleted rows, merge segments), then commit."""
         self._check_open()
         try:
-            for mname in (self._mname, self._tname) if self._multi else (self._mname,):
+            for mname in (self._mname, *self._row_colls):
                 self._client.compact(mname)
         except Exception as e:  # Milvus Lite does not implement it; servers compact by themselves
             log.info("collection %r: compaction not available: %s", self.name, e)
@@ -326,13 +346,18 @@ class MilvusCollection(CollectionBase):
         if self._closed:
             raise InvalidInputError(f"collection {self.name!r} is closed")
 
-    def _ann(self, x: np.ndarray, k: int, output_fields: list[str],
-             coll: str | None = None) -> list[list[dict]]:
+    def _ann(self, x: np.ndarray, k: int, output_fields: list[str], coll: str | None = None,
+             **kwargs: Any) -> list[list[dict]]:
+        """Top-``k`` rows per query: documents (single), token rows (``coll``), or companion
+        rows (``coll=self._cname``, inner product; ``kwargs``: e.g. ``group_by_field``)."""
         limit = min(k, MAX_TOPK)
+        companion = coll is not None and coll == self._cname
+        metric_type = "IP" if companion else metric(self.spec)
+        base = self._companion_base if companion else self._search_base
         return self._rpc(f"search of {self.name!r}", "search", data=list(x), limit=limit, coll=coll,
                          anns_field="vector", output_fields=output_fields,
-                         search_params={"metric_type": metric(self.spec),
-                                        "params": search_params(self._search_base, limit)})
+                         search_params={"metric_type": metric_type, "params": search_params(base, limit)},
+                         **kwargs)
 
     def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
         if not len(x):
@@ -360,6 +385,40 @@ class MilvusCollection(CollectionBase):
             start += len(q)
         return self._rerank(qs, cands, k)
 
+    def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
+                          k: int) -> list[list[Hit]]:
+        return self._rerank(qs, self._companion_candidates(cq, min(candidates, MAX_TOPK)), k)
+
+    def _companion_candidates(self, cq: np.ndarray, k: int) -> list[list[str]]:
+        """Per companion query, the ``k`` distinct documents of the best companion rows (fewer
+        if the collection has fewer), best first. One grouping search (``group_by_field``: a
+        Milvus server keeps searching until it has ``k`` groups; Milvus Lite groups the best
+        ``10 k`` rows, which hold fewer documents when documents have many rows); a query left
+        short of ``k`` (or every query, where Milvus cannot group) is over-fetched: plain
+        searches of ever more rows (x4) until ``k`` documents are found or every row was seen
+        (a search returned fewer rows than asked for, or Milvus' limit of :data:`MAX_TOPK`)."""
+        out: list[list[str]] = [[] for _ in range(len(cq))]
+        if self._group_by:
+            try:
+                res = self._ann(cq, k, ["doc_id"], coll=self._cname, group_by_field="doc_id")
+                out = [_distinct_docs(row, k) for row in res]
+            except BackendError as e:
+                if self._conn.broken:  # unreachable: not a refusal to group
+                    raise
+                log.info("collection %r: grouping search refused (%s); over-fetching rows instead", self.name, e)
+                self._group_by = False
+        todo = [j for j, docs in enumerate(out) if len(docs) < k]
+        kk = min(MAX_TOPK, 4 * k + 16)
+        while todo:
+            res = self._ann(cq[todo], kk, ["doc_id"], coll=self._cname)
+            short = []
+            for j, row in zip(todo, res):
+                out[j] = _distinct_docs(row, k)
+                if len(out[j]) < k and len(row) == kk < MAX_TOPK:
+                    short.append(j)  # more rows to see
+            todo, kk = short, min(MAX_TOPK, 4 * kk)
+        return out
+
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
         union = sorted({e for lst in ext_lists for e in lst})
         heads: list[dict] = []  # part 0 rows carry text and metadata: no second query for the hits
@@ -381,7 +440,7 @@ class MilvusCollection(CollectionBase):
         ``(codes [T, dim], int8 scales [T] | None, offsets [n + 1], doc ids [n])`` (unknown ids
         are left out). Candidates cost one query per :data:`FETCH_DOCS` documents (part 0 by
         primary key), plus one for the further parts of documents too large for one row.
-        ``heads_out`` (candidates only) receives the part 0 rows, with text and metadata."""
+        ``heads_out`` receives the part 0 rows, with their row counts, text and metadata."""
         self._check_open()
         fields = ["doc_id", "part", "parts", "n", "seq", "codes"]
         if doc_ids is None:
@@ -389,7 +448,8 @@ class MilvusCollection(CollectionBase):
             heads = [r for r in rows if r["part"] == 0]
             tails = [r for r in rows if r["part"] != 0]
         else:
-            head_fields = fields if heads_out is None else [*fields, "text", "metadata"]
+            head_fields = fields if heads_out is None else list(dict.fromkeys([*fields, *self._row_counts, "text",
+                                                                                "metadata"]))
             heads = [r for b in _batches(doc_ids, FETCH_DOCS) for r in self._get([pk(d, 0) for d in b], head_fields)]
             if heads_out is not None:
                 heads_out.extend(heads)
@@ -445,13 +505,14 @@ class MilvusCollection(CollectionBase):
     def _existing(self, ids: list[str]) -> set[str]:
         return set(self._docs(ids))
 
-    def _get(self, pks: list[str], fields: list[str]) -> list[dict]:
+    def _get(self, pks: list[str], fields: list[str], coll: str | None = None) -> list[dict]:
         """Rows by primary key (``pk in [...]``: Milvus' point lookup), a page of keys per
-        call. Not ``client.get``: it does not escape backslashes in string keys."""
+        call (``coll``: of the token or companion rows). Not ``client.get``: it does not
+        escape backslashes in string keys."""
         key = "pk" if self._multi else "id"
         rows: list[dict] = []
         for b in _batches(pks, _FETCH_ROWS):
-            rows.extend(_rows(self._rpc(f"query of {self.name!r}", "query", output_fields=fields,
+            rows.extend(_rows(self._rpc(f"query of {self.name!r}", "query", output_fields=fields, coll=coll,
                                         filter=f"{key} in [{', '.join(map(quote, b))}]")))
         return rows
 
@@ -460,18 +521,36 @@ class MilvusCollection(CollectionBase):
         return {r["doc_id"]: r for r in self._get([pk(d, 0) for d in doc_ids], ["doc_id", *fields])}
 
     def get(self, id: str) -> dict[str, Any]:
-        """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi)."""
+        """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi;
+        with ``companion``, its ``[r, companion_dim]`` rows, where the collection keeps them)."""
         self._check_open()
-        docs = self._docs([id]) if isinstance(id, str) and id else {}
-        if id not in docs:
+        heads: list[dict] = []
+        if isinstance(id, str) and id:
+            if self._multi:  # row 0 has text, metadata, the row counts: one query (+ one for more parts)
+                codes, scales, _, _ = self._fetch_codes([id], heads)
+            else:
+                heads = self._get([id], ["id", "text", "metadata", "vector"])
+        if not heads:
             raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
-        out: dict[str, Any] = {"id": id, "text": docs[id][0], "metadata": docs[id][1]}
-        if self._multi:
-            codes, scales, _, _ = self._fetch_codes([id])
-            out["vectors"] = dequantize(codes, scales)
-        else:
-            out["vector"] = np.asarray(self._get([id], ["vector"])[0]["vector"], dtype=np.float32)
+        h = heads[0]
+        out: dict[str, Any] = {"id": id, "text": h.get("text"), "metadata": h.get("metadata")}
+        if not self._multi:
+            out["vector"] = np.asarray(h["vector"], dtype=np.float32)
+            return out
+        out["vectors"] = dequantize(codes, scales)
+        if self._cname is not None:
+            out["companion"] = self._companion_of(id, h["companion_rows"])
         return out
+
+    def _companion_of(self, doc_id: str, n_rows: int) -> np.ndarray:
+        """The companion rows of a document, ``[n_rows, companion_dim]`` float32, in row order."""
+        rows = {r["pk"]: r["vector"] for r in self._get([pk(doc_id, p) for p in range(n_rows)], ["pk", "vector"],
+                                                       self._cname)}
+        vecs = [rows.get(pk(doc_id, p)) for p in range(n_rows)]
+        if any(v is None for v in vecs):
+            raise CorruptCollectionError(f"document {doc_id!r} lacks companion rows (an interrupted write); "
+                                         "add the document again to repair it")
+        return np.asarray(vecs, dtype=np.float32).reshape(n_rows, self.spec.companion_dim)
 
     def ids(self) -> list[str]:
         """All document ids, in insertion order."""
@@ -507,12 +586,24 @@ class MilvusCollection(CollectionBase):
         tombstones always 0 (Milvus compacts by itself)."""
         self._check_open()
         c = self._counts()
+        comp_rows = None if self._cname is None else self._count("", self._cname)
         per_vec = 4 * self.spec.dim + (bytes_per_vector(self.spec.dim, self.spec.precision) if self._multi else 0)
-        per_doc = per_vec * c["vectors"] / c["documents"] if c["documents"] else 0.0
+        size = per_vec * c["vectors"] + 4 * self.spec.companion_dim * (comp_rows or 0)
         return make_stats(documents=c["documents"], vectors=c["vectors"], bytes_on_disk=None,
-                          bytes_per_doc=per_doc, tombstones=0, segments=None, token_index=self._multi,
+                          bytes_per_doc=size / c["documents"] if c["documents"] else 0.0, tombstones=0,
+                          segments=None, token_index=self._multi,
                           index_type=milvus_index(vector_factory(self.spec))[0], backend=self.backend,
-                          location=f"Milvus at {self.uri}")
+                          location=f"Milvus at {self.uri}", companion_rows=comp_rows)
+
+
+def _distinct_docs(hits: list[dict], k: int) -> list[str]:
+    """The first ``k`` distinct documents of search hits (rows with a ``doc_id``), in order."""
+    return list(dict.fromkeys(h["entity"]["doc_id"] for h in hits))[:k]
+
+
+def _vector_rows(doc_id: str, vectors: np.ndarray) -> Iterator[dict]:
+    """The rows of one vector each (token rows, companion rows) of a multi-vector document."""
+    return ({"pk": pk(doc_id, p), "doc_id": doc_id, "vector": v} for p, v in enumerate(vectors))
 
 
 def _check_sizes(ids: list[str], texts: list[str | None]) -> None:
@@ -535,13 +626,13 @@ def _create_if_absent(conn: Connection, name: str, spec: CollectionSpec) -> None
             return
         extra = {"milvus_layout": layout_record()} if spec.kind == "multi" else {}
         manifest = new_manifest(name, spec, now_iso(), backend="milvus", **extra)
-        if spec.kind == "multi":  # first, so a collection with a manifest always has its token rows
-            tname = tokens_name(mname)
-            if client.has_collection(tname):  # left by a creation that stopped half-way
-                client.drop_collection(tname)
-            tsch, tindex = token_schema(client, spec)
-            client.create_collection(tname, schema=tsch, consistency_level="Strong")
-            client.create_index(tname, tindex, sync=not is_lite(conn.uri))
+        # first, so a collection with a manifest always has its token rows (and companion rows)
+        for rname, rspec in vector_rows(mname, spec):
+            if client.has_collection(rname):  # left by a creation that stopped half-way
+                client.drop_collection(rname)
+            rsch, rindex = vector_rows_schema(client, rspec)
+            client.create_collection(rname, schema=rsch, consistency_level="Strong")
+            client.create_index(rname, rindex, sync=not is_lite(conn.uri))
         sch, index_params = schema(client, spec)
         client.create_collection(mname, schema=sch, consistency_level="Strong",
                                  properties={MANIFEST_KEY: json.dumps(manifest)})

@@ -90,6 +90,11 @@ class Connection:
     def key(self) -> tuple[str, str]:
         return self.uri, self.token or ""
 
+    @property
+    def broken(self) -> bool:
+        """The last call found Milvus unreachable (the next one reconnects)."""
+        return self._broken
+
     def client(self) -> Any:
         """The current client, a new one first if the last call found Milvus unreachable."""
         with self._lock:

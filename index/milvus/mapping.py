@@ -46,6 +46,19 @@ def vector_factory(spec: CollectionSpec) -> str:
     return spec.token_factory if spec.kind == "multi" else spec.factory
 
 
+def check_factories(spec: CollectionSpec) -> None:
+    """Every FAISS factory of ``spec`` that a Milvus collection maps has a Milvus equivalent
+    (:class:`InvalidInputError` naming the field): the indexed vectors' and the companion rows'."""
+    fields = [("factory" if spec.kind == "single" else "token_factory", vector_factory(spec))]
+    if spec.companion_pooler is not None:
+        fields.append(("companion_factory", spec.companion_factory))
+    for field, factory in fields:
+        try:
+            milvus_index(factory)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"spec.{field}: {e}") from None
+
+
 def metric(spec: CollectionSpec) -> str:
     return "IP" if spec.metric == "ip" else "L2"
 

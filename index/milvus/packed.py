@@ -30,9 +30,10 @@ class Packing:
     row_elements: int
 
     def rows(self, doc_id: str, vectors: np.ndarray, seq: int, text: str | None,
-             metadata: Any) -> tuple[list[dict], np.ndarray]:
-        """The document's rows (part 0 first) and its stored vectors dequantized (float32:
-        what MaxSim scores, for the token rows)."""
+             metadata: Any, counts: dict[str, int] | None = None) -> tuple[list[dict], np.ndarray]:
+        """The document's rows (part 0 first; every part also carries ``counts``, such as its
+        companion row count) and its stored vectors dequantized (float32: what MaxSim scores,
+        for the token rows)."""
         raw = pack(vectors, self.precision)
         enc = pybase64.b64encode(raw).decode("ascii")
         el, per_row = self.element_chars, self.element_chars * self.row_elements
@@ -41,7 +42,7 @@ class Packing:
         n = len(vectors)
         rows = [{"pk": pk(doc_id, p), "doc_id": doc_id, "part": p, "parts": len(chunks), "n": n,
                  "seq": seq, "codes": c, "stub": [1.0, 0.0], "text": text if p == 0 else None,
-                 "metadata": metadata if p == 0 else None} for p, c in enumerate(chunks)]
+                 "metadata": metadata if p == 0 else None, **(counts or {})} for p, c in enumerate(chunks)]
         return rows, dequantize(*unpack(raw, n, self.dim, self.precision))
 
     def row_bytes(self) -> int:

@@ -16,6 +16,15 @@
     decode, so it is never listed): one row per token vector for the token-level ANN index
     (``search(mode="tokens")``) -- ``pk`` (``<doc id>#<pos>``), ``doc_id``, ``vector`` (float32,
     the dequantized codes, indexed with the spec's ``token_factory``).
+  - a collection that keeps its companion (``spec.companion_pooler``) also has the companion
+    rows (``<collection>__companion``, never listed either): one row per companion vector,
+    ``pk`` (``<doc id>#<row>``), ``doc_id``, ``vector`` (``companion_dim``, inner product,
+    indexed with the spec's ``companion_factory``); its document rows have one more field,
+    ``companion_rows`` (the document's row count, on every part like ``parts`` and ``n``), so
+    that replacing or deleting a document deletes exactly its rows. Collections without a
+    companion have neither (their schema is unchanged); both are layout 2: whether they exist
+    follows from the manifest's ``companion_pooler`` (such a manifest has ``format_version`` 2,
+    which an embedpool that knows no companions refuses to open).
 
 Why base64 in VARCHAR: Milvus Lite 3.2 has no BINARY_VECTOR or bytes field (its error lists BOOL,
 INT*, FLOAT, DOUBLE, VARCHAR, JSON, ARRAY, GEOMETRY, TIMESTAMPTZ, FLOAT_VECTOR,
@@ -43,11 +52,42 @@ ELEMENT_CHARS = 65_532  # base64 characters per ARRAY element: <= 65,535 and a m
 ROW_ELEMENTS = 16
 FETCH_DOCS = 128  # first parts per fetch query: <= 128 rows of <= ~1 MB
 TOKENS_SUFFIX = "__tokens"
+COMPANION_SUFFIX = "__companion"
 
 
 def tokens_name(mname: str) -> str:
     """The Milvus collection of a multi-vector collection's token rows."""
     return mname + TOKENS_SUFFIX
+
+
+def companion_name(mname: str) -> str:
+    """The Milvus collection of the companion rows a multi-vector collection keeps."""
+    return mname + COMPANION_SUFFIX
+
+
+def hidden_names(mname: str) -> tuple[str, ...]:
+    """Every Milvus collection that may belong to collection ``mname`` besides itself (dropped
+    with it)."""
+    return tokens_name(mname), companion_name(mname)
+
+
+def doc_counts(spec: CollectionSpec) -> tuple[str, ...]:
+    """The per-document row counts that every part of a multi-vector document row carries:
+    ``parts`` (its document rows), ``n`` (its token rows) and, with a companion,
+    ``companion_rows``."""
+    return ("parts", "n", "companion_rows") if spec.companion_pooler is not None else ("parts", "n")
+
+
+def vector_rows(mname: str, spec: CollectionSpec) -> list[tuple[str, CollectionSpec]]:
+    """The hidden collections of rows of one vector each that collection ``mname`` of ``spec``
+    has, with the spec their vectors are indexed by (:func:`vector_rows_schema`): a multi-vector
+    collection's token rows, then its companion rows if it keeps them."""
+    if spec.kind != "multi":
+        return []
+    out = [(tokens_name(mname), spec)]
+    if spec.companion_pooler is not None:
+        out.append((companion_name(mname), spec.companion_spec()))
+    return out
 
 
 def layout_record() -> dict[str, int]:
@@ -74,7 +114,7 @@ def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
     if spec.kind == "multi":
         sch.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES + 12)
         sch.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
-        for f in ("part", "parts", "n"):
+        for f in ("part", *doc_counts(spec)):
             sch.add_field(f, DataType.INT32)
         sch.add_field("seq", DataType.INT64)
         sch.add_field("codes", DataType.ARRAY, element_type=DataType.VARCHAR,
@@ -94,8 +134,9 @@ def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
     return sch, index_params
 
 
-def token_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
-    """``(schema, index params)`` of a multi-vector collection's token rows."""
+def vector_rows_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
+    """``(schema, index params)`` of rows of one vector each (:func:`vector_rows`: token rows,
+    companion rows), ``spec.dim`` wide, indexed by :func:`.mapping.vector_factory` of ``spec``."""
     from pymilvus import DataType
 
     sch = client.create_schema(auto_id=False, enable_dynamic_field=False)

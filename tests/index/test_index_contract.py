@@ -1,7 +1,10 @@
 """The storage contract, run over every backend: a FAISS folder and Milvus Lite (the real engine
 in a temp .db; no mocks). Each test states one rule of :class:`embedpool.index.CollectionBase`
 and checks that both backends keep it the same way -- the same answers, the same errors, the
-same ``stats()`` keys -- so ``app/`` never needs to know which one it holds."""
+same ``stats()`` keys -- so ``app/`` never needs to know which one it holds.
+
+Milvus Lite is a dependency of embedpool, not an option: without it the Milvus cases fail (they
+are not skipped), and the FAISS cases still run."""
 
 from __future__ import annotations
 
@@ -25,20 +28,27 @@ from embedpool.index import (
     open_collection,
     read_collection_manifest,
 )
-from index_testutil import rand_docs, rand_unit
-
-pytest.importorskip("milvus_lite")
-from embedpool.index.milvus import ClientPool, MilvusCollection  # noqa: E402
+from embedpool.index.milvus import ClientPool, MilvusCollection
+from index_testutil import naive_maxsim, rand_docs, rand_unit, unit
 
 DIM = 8
 SINGLE = CollectionSpec(kind="single", model="m", pooler="mean", dim=DIM)
 MULTI = CollectionSpec(kind="multi", model="m", pooler="tokens", dim=DIM, token_factory="Flat")
+CDIM = 6  # companion vectors: another dimension than the token vectors', so a mix-up fails
+WINDOWS = CollectionSpec(**{**MULTI.to_dict(), "companion_pooler": "mean", "companion_dim": CDIM,
+                            "companion_rows": "window"})
+PER_DOC = CollectionSpec(**{**WINDOWS.to_dict(), "companion_rows": "document"})
 CONTRACT = {"add", "delete", "commit", "compact", "build_token_index", "get_property", "set_property",
             "get", "ids", "stats", "__len__", "__contains__", "refresh", "close"}
 
 
 @pytest.fixture(scope="module")
 def milvus_uri(tmp_path_factory):
+    try:
+        import milvus_lite  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"milvus-lite cannot be imported ({e}): it is a dependency of embedpool "
+                    "(pyproject.toml) that the Milvus backend needs; pip install -e . installs it")
     path = str(tmp_path_factory.mktemp("contract") / "c.db")
     anchor = ClientPool.acquire(path, None)  # keep the engine up between tests
     yield path
@@ -46,12 +56,12 @@ def milvus_uri(tmp_path_factory):
 
 
 @pytest.fixture(params=["faiss", "milvus"])
-def where(request, tmp_path, milvus_uri):
+def where(request, tmp_path):
     """``open_collection`` keyword arguments of one backend (a fresh FAISS folder per test; Milvus
-    collections are dropped after it)."""
+    collections are dropped after it). Only the Milvus cases need Milvus Lite."""
     kw = {"backend": request.param}
     if request.param == "milvus":
-        kw["milvus_uri"] = milvus_uri
+        kw["milvus_uri"] = request.getfixturevalue("milvus_uri")
     yield {"data_dir": tmp_path / "data", **kw}
     if request.param == "milvus":
         for name in list_collections(**kw, data_dir=tmp_path):
@@ -254,3 +264,166 @@ def test_manifest_without_opening(where):
     assert m["counts"]["documents"] == 5 and m["format"] == "embedpool-collection"
     with pytest.raises(CollectionNotFoundError, match="no collection 'absent'"):
         read_collection_manifest(data_dir, "absent", **kw)
+
+
+# ---- companion rows kept by the collection (spec.companion_pooler) ---------------------------
+def _fill_companion(coll, n=12, seed=0):
+    """``n`` documents with their companion rows: d0 has one row, d1 three, the others 1-4
+    (``companion_rows="document"``: one each)."""
+    rng = np.random.default_rng(seed)
+    ids = [f"d{i}" for i in range(n)]
+    docs = rand_docs(rng, n, DIM, 1, 4)
+    window = coll.spec.companion_rows == "window"
+    counts = [1, 3, *rng.integers(1, 5, n - 2)] if window else [1] * n
+    comp = [rand_unit(rng, int(r), CDIM) for r in counts]
+    coll.add(ids, docs, texts=[f"text {i}" for i in ids], companion=comp)
+    return ids, docs, comp
+
+
+def _best_docs(cq, ids, comp, k):
+    """Reference candidates: the ``k`` distinct documents of the best companion rows for ``cq``
+    (every row scored by the obvious inner product), best first."""
+    scored = sorted(((float(np.dot(np.float64(cq), np.float64(row))), i) for i, rows in zip(ids, comp)
+                     for row in rows), key=lambda t: -t[0])
+    return list(dict.fromkeys(i for _, i in scored))[:k]
+
+
+def _two_stage(coll, q, cq, candidates, k):
+    return coll.search(q, k=k, mode="two_stage", companion_queries=cq, candidates=candidates)
+
+
+def _ranking(hits):
+    return [[(h.id, round(h.score, 4)) for h in r] for r in hits]
+
+
+def test_companion_rows_are_stored_with_their_documents(where):
+    with _open(where, "cr", WINDOWS) as coll, _open(where, "cr-plain", MULTI) as plain:
+        ids, docs, comp = _fill_companion(coll)
+        assert coll.stats()["companion_rows"] == sum(map(len, comp)) and len(comp[0]) == 1 and len(comp[1]) == 3
+        assert tuple(coll.stats()) == STATS_KEYS and coll.stats()["documents"] == 12
+        for i, d, rows in zip(ids, docs, comp):
+            got = coll.get(i)
+            assert got["companion"].dtype == np.float32 and got["companion"].shape == rows.shape
+            np.testing.assert_allclose(got["companion"], rows, atol=1e-6)
+            np.testing.assert_allclose(got["vectors"], d, atol=1e-6)
+            assert got["text"] == f"text {i}"
+        assert coll.manifest["format_version"] == 2 and coll.manifest["companion_pooler"] == "mean"
+        _fill(plain, n=3)  # a collection without a companion keeps none
+        assert plain.stats()["companion_rows"] is None and "companion" not in plain.get("d0")
+
+
+def test_two_stage_over_companion_rows_is_exhaustive_when_candidates_cover_the_corpus(where):
+    with _open(where, "ts", WINDOWS) as coll:
+        ids, docs, comp = _fill_companion(coll, n=20)
+        coll.commit()
+        rng = np.random.default_rng(7)
+        q, cq = rand_docs(rng, 4, DIM, 2, 5), rand_unit(rng, 4, CDIM)
+        exhaustive = coll.search(q, k=6)
+        for candidates in (20, 500):  # every document; more than there are
+            assert _ranking(_two_stage(coll, q, cq, candidates, 6)) == _ranking(exhaustive), candidates
+        for qi, hits in zip(q, exhaustive):  # and both are exact MaxSim
+            want = sorted(((naive_maxsim(qi, d), i) for i, d in zip(ids, docs)), key=lambda t: -t[0])[:6]
+            assert [h.id for h in hits] == [i for _, i in want]
+            np.testing.assert_allclose([h.score for h in hits], [s for s, _ in want], atol=1e-5)
+        with pytest.raises(InvalidInputError, match="companion_queries"):
+            coll.search(q, mode="two_stage")
+        with pytest.raises(SpecMismatchError, match="dimension"):
+            _two_stage(coll, q, rand_unit(rng, 4, DIM), 5, 3)
+
+
+def test_candidates_count_the_documents_of_the_best_rows(where):
+    with _open(where, "c1", WINDOWS) as coll:
+        ids, docs, comp = _fill_companion(coll, n=15)
+        rng = np.random.default_rng(3)
+        q, cq = rand_docs(rng, 5, DIM, 2, 4), rand_unit(rng, 5, CDIM)
+        for qi, c, hits in zip(q, cq, _two_stage(coll, q, cq, 1, 3)):
+            best = _best_docs(c, ids, comp, 1)  # the one document of the best row
+            assert [h.id for h in hits] == best
+            assert hits[0].score == pytest.approx(naive_maxsim(qi, docs[ids.index(best[0])]), abs=1e-5)
+        for c, hits in zip(cq, _two_stage(coll, q, cq, 3, 10)):  # reranked: compare as sets
+            assert sorted(h.id for h in hits) == sorted(_best_docs(c, ids, comp, 3))
+        # a document with many rows near the query takes one candidate, not fifty
+        crowd = unit(cq[0] + 0.05 * rng.standard_normal((50, CDIM)))
+        coll.add(["crowd"], rand_docs(rng, 1, DIM, 2, 3), companion=[crowd])
+        want = _best_docs(cq[0], [*ids, "crowd"], [*comp, crowd], 4)
+        assert want[0] == "crowd" and len(want) == 4
+        assert sorted(h.id for h in _two_stage(coll, q[:1], cq[:1], 4, 10)[0]) == sorted(want)
+
+
+def test_replacing_a_document_replaces_its_companion_rows(where):
+    with _open(where, "rp", WINDOWS) as coll:
+        ids, docs, comp = _fill_companion(coll)
+        before = coll.stats()["companion_rows"]
+        old = comp[1]  # three rows
+        comp[1] = unit(-old[:1])  # one row, the opposite of the first old one
+        coll.add(["d1"], [docs[1]], companion=[comp[1]])
+        assert coll.stats()["companion_rows"] == before - 2 and len(coll) == 12
+        np.testing.assert_allclose(coll.get("d1")["companion"], comp[1], atol=1e-6)
+        assert _best_docs(old[0], ids, comp, 1) != ["d1"]  # the old row would have been the best
+        for row in old:  # old rows are never candidates
+            assert [h.id for h in _two_stage(coll, [docs[1]], row[None], 1, 1)[0]] == _best_docs(row, ids, comp, 1)
+        comp[1] = rand_unit(np.random.default_rng(5), 4, CDIM)  # and up: one row -> four
+        coll.add(["d1"], [docs[1]], companion=[comp[1]])
+        assert coll.stats()["companion_rows"] == before + 1
+        np.testing.assert_allclose(coll.get("d1")["companion"], comp[1], atol=1e-6)
+        for row in comp[1]:
+            assert [h.id for h in _two_stage(coll, [docs[0]], row[None], 1, 1)[0]] == ["d1"]
+        coll.commit()
+
+
+def test_deleting_a_document_removes_all_its_companion_rows_and_reopening_keeps_the_rest(where):
+    with _open(where, "dl", WINDOWS) as coll:
+        ids, docs, comp = _fill_companion(coll)
+        coll.commit()
+        before = coll.stats()["companion_rows"]
+        coll.delete(["d1"])  # three rows
+        assert coll.stats()["companion_rows"] == before - 3
+        live_ids, live_comp = ids[:1] + ids[2:], comp[:1] + comp[2:]
+        for row in comp[1]:  # its rows are never candidates
+            assert [h.id for h in _two_stage(coll, [docs[1]], row[None], 1, 1)[0]] == \
+                _best_docs(row, live_ids, live_comp, 1)
+            everything = _two_stage(coll, [docs[1]], row[None], 100, 100)[0]
+            assert sorted(h.id for h in everything) == sorted(live_ids)
+        coll.commit()
+        coll.compact()
+        rng = np.random.default_rng(11)
+        q, cq = rand_docs(rng, 3, DIM, 2, 4), rand_unit(rng, 3, CDIM)
+        seen = _ranking(_two_stage(coll, q, cq, 4, 3))
+    with _open(where, "dl") as again:
+        assert again.stats()["companion_rows"] == before - 3 and len(again) == 11
+        np.testing.assert_allclose(again.get("d2")["companion"], comp[2], atol=1e-6)
+        with pytest.raises(DocumentNotFoundError):
+            again.get("d1")
+        assert _ranking(_two_stage(again, q, cq, 4, 3)) == seen
+        for c, hits in zip(cq, _two_stage(again, q, cq, 4, 10)):
+            assert sorted(h.id for h in hits) == sorted(_best_docs(c, live_ids, live_comp, 4))
+
+
+def test_companion_rows_are_required_checked_and_refused_as_a_whole(where):
+    with _open(where, "rf", PER_DOC) as coll, _open(where, "rf-plain", MULTI) as plain:
+        rng = np.random.default_rng(2)
+        docs, vecs = rand_docs(rng, 3, DIM, 1, 3), rand_unit(rng, 3, CDIM)
+        coll.add(["a", "b", "c"], docs, companion=vecs)  # one [n, companion_dim] array: a vector each
+        coll.commit()
+        state = (coll.ids(), coll.stats()["companion_rows"], coll.get("a")["companion"])
+        assert state[1] == 3
+        new = rand_docs(rng, 2, DIM, 1, 3)
+        refused = [
+            (InvalidInputError, r"pass companion=", {}),
+            (SpecMismatchError, "dimension", {"companion": rand_unit(rng, 2, CDIM + 1)}),
+            (InvalidInputError, "one companion vector per document.*'new' has 2",
+             {"companion": [rand_unit(rng, 1, CDIM), rand_unit(rng, 2, CDIM)]}),
+            (InvalidInputError, "2 ids but 1", {"companion": [rand_unit(rng, 1, CDIM)]}),
+            (SpecMismatchError, "norm", {"companion": 2 * rand_unit(rng, 2, CDIM)}),
+        ]
+        for err, match, kw in refused:
+            with pytest.raises(err, match=match):
+                coll.add(["a", "new"], new, **kw)  # a replacement and a new document
+            assert coll.ids() == state[0] and coll.stats()["companion_rows"] == state[1], match
+            np.testing.assert_array_equal(coll.get("a")["companion"], state[2])
+        coll.add(["a"], [new[0]], companion=vecs[1:2])  # a replacement keeps one row
+        assert coll.stats()["companion_rows"] == 3
+        np.testing.assert_allclose(coll.get("a")["companion"], vecs[1:2], atol=1e-6)
+        with pytest.raises(InvalidInputError, match="keeps no companion"):
+            plain.add(["x"], [docs[0]], companion=vecs[:1])
+        assert len(plain) == 0

@@ -503,3 +503,124 @@ def test_parts_of_two_writes_are_detected(mv, rng):
         coll.get("t")
     coll.add(["t"], [big])
     np.testing.assert_array_equal(coll.get("t")["vectors"], big)
+
+
+# ---- companion rows (spec.companion_pooler) ---------------------------------------------------
+CDIM = 6
+COMPANION = CollectionSpec(kind="multi", dim=DIM, token_factory="Flat", companion_pooler="mean",
+                           companion_dim=CDIM, companion_rows="window")
+
+
+def _companion_docs(rng, n=10):
+    ids = [f"d{i}" for i in range(n)]
+    return ids, rand_docs(rng, n, DIM, 1, 4), [rand_unit(rng, int(rng.integers(1, 5)), CDIM) for _ in ids]
+
+
+def _companion_rows_of(coll, doc_id: str) -> list[str]:
+    """The primary keys of ``doc_id``'s rows in the companion collection, read by the client."""
+    from embedpool.index.milvus.schema import companion_name
+
+    rows = coll._conn.client().query(companion_name(milvus_name(coll.name)), filter=f'doc_id == "{doc_id}"',
+                                     output_fields=["pk"])
+    return sorted(r["pk"] for r in rows)
+
+
+def test_companion_rows_live_in_a_hidden_collection_dropped_with_it(mv, uri, rng):
+    """The companion collection is made with the collection, never listed, holds exactly each
+    document's rows and is dropped with it; collections without a companion have no such
+    collection and the document-row schema they always had."""
+    from embedpool.index.milvus.schema import companion_name, tokens_name
+
+    plain = mv("plain", CollectionSpec(kind="multi", dim=DIM))
+    coll = mv("comp", COMPANION)
+    client = coll._conn.client()
+    mname, pname = milvus_name(coll.name), milvus_name(plain.name)
+    assert client.has_collection(companion_name(mname)) and not client.has_collection(companion_name(pname))
+    fields = lambda n: [f["name"] for f in client.describe_collection(n)["fields"]]  # noqa: E731
+    assert fields(pname) == ["pk", "doc_id", "part", "parts", "n", "seq", "codes", "stub", "text", "metadata"]
+    assert fields(mname) == ["pk", "doc_id", "part", "parts", "n", "companion_rows", "seq", "codes", "stub", "text",
+                             "metadata"]
+    assert fields(companion_name(mname)) == ["pk", "doc_id", "vector"]
+    assert client.describe_index(companion_name(mname), "vector")["metric_type"] == "IP"
+    names = list_collections("unused", backend="milvus", milvus_uri=uri)
+    assert coll.name in names and not any("__" in n for n in names)
+    ids, docs, comp = _companion_docs(rng)
+    coll.add(ids, docs, companion=comp)
+    coll.add(["d0"], [docs[0]], companion=[rand_unit(rng, 6, CDIM)])  # more rows, then fewer
+    assert _companion_rows_of(coll, "d0") == [f"d0#{p}" for p in range(6)]
+    coll.add(["d0"], [docs[0]], companion=[rand_unit(rng, 2, CDIM)])
+    assert _companion_rows_of(coll, "d0") == ["d0#0", "d0#1"]
+    coll.delete(["d0"])
+    assert _companion_rows_of(coll, "d0") == []
+    coll.close()
+    delete_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
+    assert not any(n.startswith(mname) for n in client.list_collections())
+    assert client.has_collection(tokens_name(pname))  # the other collection keeps its own
+
+
+def test_companion_factory_maps_to_a_milvus_index(mv, rng):
+    spec = CollectionSpec(**{**COMPANION.to_dict(), "companion_factory": "HNSW16"})
+    coll = mv("hnsw", spec)
+    from embedpool.index.milvus.schema import companion_name
+
+    built = coll._client.describe_index(companion_name(milvus_name(coll.name)), "vector")
+    assert (built["index_type"], built["params"]) == milvus_index("HNSW16")[:2]
+    ids, docs, comp = _companion_docs(rng, 30)
+    coll.add(ids, docs, companion=comp)
+    q, cq = rand_docs(rng, 3, DIM, 2, 4), rand_unit(rng, 3, CDIM)
+    assert _ranked(coll.search(q, k=5, mode="two_stage", companion_queries=cq, candidates=30)) == \
+        _ranked(coll.search(q, k=5))
+    with pytest.raises(InvalidInputError, match="spec.companion_factory: .*no Milvus equivalent"):
+        mv("pca", CollectionSpec(**{**COMPANION.to_dict(), "companion_factory": "PCA4,Flat"}))
+
+
+def test_grouping_refused_by_milvus_falls_back_to_over_fetching(mv, rng, monkeypatch):
+    """Candidates come from one search grouped by document; where Milvus refuses to group, plain
+    searches of ever more rows find the same documents (and grouping is not tried again)."""
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import MilvusException
+
+    coll = mv("grp", COMPANION)
+    ids, docs, comp = _companion_docs(rng, 40)
+    crowd = rand_unit(rng, 1, CDIM)  # one document with 60 rows next to the first query
+    comp[0] = crowd + 0.05 * rand_unit(rng, 60, CDIM)
+    comp[0] /= np.linalg.norm(comp[0], axis=1, keepdims=True)
+    coll.add(ids, docs, companion=comp)
+    q, cq = rand_docs(rng, 3, DIM, 2, 4), np.concatenate([crowd, rand_unit(rng, 2, CDIM)])
+    grouped = coll._companion_candidates(cq, 5)
+    assert grouped[0][0] == "d0" and all(len(c) == 5 for c in grouped)
+    calls = []
+    search = MilvusClient.search
+
+    def no_grouping(self, *args, **kwargs):
+        calls.append(kwargs.get("group_by_field"))
+        if kwargs.get("group_by_field"):
+            raise MilvusException(code=1100, message="group by is not supported here")
+        return search(self, *args, **kwargs)
+
+    monkeypatch.setattr(MilvusClient, "search", no_grouping)
+    assert coll._companion_candidates(cq, 5) == grouped and not coll._group_by
+    assert calls[0] == "doc_id" and calls.count("doc_id") == 1  # tried once
+    calls.clear()
+    hits = coll.search(q, k=5, mode="two_stage", companion_queries=cq, candidates=5)
+    assert calls and "doc_id" not in calls and [sorted(h.id for h in r) for r in hits] == [sorted(c) for c in grouped]
+
+
+def test_companion_rows_survive_an_engine_restart(tmp_path, rng):
+    path = str(tmp_path / "comp.db")
+    kw = dict(backend="milvus", milvus_uri=path)
+    coll = open_collection(tmp_path, "c", COMPANION, **kw)
+    ids, docs, comp = _companion_docs(rng)
+    coll.add(ids, docs, companion=comp)
+    coll.commit()
+    q, cq = rand_docs(rng, 2, DIM, 2, 4), rand_unit(rng, 2, CDIM)
+    before = _ranked(coll.search(q, k=3, mode="two_stage", companion_queries=cq, candidates=2))
+    coll.close()
+    assert str(Path(path).resolve()) not in _lite_servers()  # the engine stopped
+    coll = open_collection(tmp_path, "c", **kw)
+    try:
+        assert coll.stats()["companion_rows"] == sum(map(len, comp))
+        np.testing.assert_allclose(coll.get("d3")["companion"], comp[3], atol=1e-6)
+        assert _ranked(coll.search(q, k=3, mode="two_stage", companion_queries=cq, candidates=2)) == before
+    finally:
+        coll.close()
