@@ -42,11 +42,20 @@ def seg_files(seg_id: int) -> tuple[str, str]:
     return f"seg-{seg_id:08d}.vec.npy", f"seg-{seg_id:08d}.aux.npz"
 
 
-class _Grow:
-    """Append-only array with amortized O(1) appends along axis 0."""
+#: address space a pending segment reserves for its token codes: pages are resident only once
+#: written (a large ``np.empty`` is an anonymous ``mmap``), so growing up to it never copies the
+#: codes into a buffer twice their size -- which made a job's peak memory follow its pending
+#: segment at twice its size
+PENDING_RESERVE_BYTES = 512 << 20
 
-    def __init__(self, shape_tail: tuple[int, ...], dtype: np.dtype) -> None:
-        self._buf = np.empty((16, *shape_tail), dtype=dtype)
+
+class _Grow:
+    """Append-only array with amortized O(1) appends along axis 0; ``reserve_bytes`` of address
+    space are taken up front (resident only as rows are written)."""
+
+    def __init__(self, shape_tail: tuple[int, ...], dtype: np.dtype, reserve_bytes: int = 0) -> None:
+        row = max(1, int(np.prod(shape_tail, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        self._buf = np.empty((max(16, reserve_bytes // row), *shape_tail), dtype=dtype)
         self.n = 0
 
     def extend(self, rows: np.ndarray) -> None:
@@ -96,7 +105,7 @@ class Segment:
         s = cls(seg_id, np.empty((0, dim), dtype), None, np.zeros(1, np.int64),
                 np.empty(0, np.int64), np.empty(0, bool), committed=False)
         s._g_comp = _Grow((), np.dtype(np.int64)) if companion else None
-        s._g_codes = _Grow((dim,), dtype)
+        s._g_codes = _Grow((dim,), dtype, PENDING_RESERVE_BYTES)
         s._g_scales = _Grow((), np.dtype(np.float32)) if precision == "int8" else None
         s._g_offsets = _Grow((), np.dtype(np.int64))
         s._g_offsets.extend(np.zeros(1, np.int64))
