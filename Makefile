@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test bench clean infinity
+.PHONY: setup browser serve embed test test-slow bench clean infinity
 
 # Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
 INFINITY := bench/.infinity-venv
@@ -44,6 +44,10 @@ embed: setup
 
 test: setup browser
 	$(BIN)/python -m pytest -q
+
+# minutes-long real-part checks (the long-document job's peak memory); CI runs them after `make test`
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV)

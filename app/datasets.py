@@ -138,30 +138,47 @@ class CorpusSource:
             yield from self._read_lines(f, fmt)
 
     # -- slices: the same records, read in parts that can be read anywhere
-    def slices(self, size: int) -> list["CorpusSlice"]:
-        """The corpus cut into slices of ``size`` records (the last may be shorter): record
-        positions ``[k * size, (k + 1) * size)`` and where they are in the file. JSON lines and
-        text are scanned once for line starts (blank lines stay in the slice before them);
-        Parquet needs only its footer. Not for stdin."""
+    def slices(self, size: int, max_bytes: int | None = None) -> list["CorpusSlice"]:
+        """The corpus cut into slices of at most ``size`` records and, with ``max_bytes``, at most
+        that many bytes of the file (a record larger than ``max_bytes`` is a slice of its own):
+        record positions ``[start, stop)`` and where they are in the file. The bytes of a record
+        stand for its tokens (an indexing job sizes its work in tokens; a read task cannot
+        tokenize before it reads). JSON lines and text are scanned once for line starts (blank
+        lines stay in the slice before them); Parquet needs only its footer, and sizes a slice
+        by its row groups' bytes per row. Not for stdin."""
         if self.is_stdin:
             raise DatasetError("stdin cannot be read in slices; give the corpus as a file")
         size = max(1, int(size))
+        limit = None if max_bytes is None else max(1, int(max_bytes))
         fmt = self.resolved_format()
         if fmt == "parquet":
-            n = self.count() or 0
-            return [CorpusSlice(k, a, min(a + size, n)) for k, a in enumerate(range(0, n, size))]
-        starts: list[tuple[int, int]] = []  # (byte offset, line number) of every size-th record
+            return self._parquet_slices(size, limit)
+        starts: list[tuple[int, int, int]] = []  # (record position, byte offset, line number) of each slice
         n, offset = 0, 0
         with open(self.path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if fmt == "text" or not _blank(line):
-                    if n % size == 0:
-                        starts.append((offset, lineno))
+                    if not starts or n - starts[-1][0] >= size or (
+                            limit is not None and offset - starts[-1][1] + len(line) > limit and n > starts[-1][0]):
+                        starts.append((n, offset, lineno))
                     n += 1
                 offset += len(line)
-        ends = [o for o, _ in starts[1:]] + [offset]
-        return [CorpusSlice(k, k * size, min((k + 1) * size, n), o, e, line)
-                for k, ((o, line), e) in enumerate(zip(starts, ends))]
+        bounds = [(p, o) for p, o, _ in starts[1:]] + [(n, offset)]
+        return [CorpusSlice(k, p, stop, o, e, line)
+                for k, ((p, o, line), (stop, e)) in enumerate(zip(starts, bounds))]
+
+    def _parquet_slices(self, size: int, limit: int | None) -> list["CorpusSlice"]:
+        """Slices of ``size`` rows of a Parquet file, fewer where ``limit`` bytes hold fewer rows
+        of its largest rows per row group (uncompressed bytes per row, from the footer)."""
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(self.path).metadata
+        n = meta.num_rows
+        if limit is not None and n:
+            per_row = max(meta.row_group(g).total_byte_size / max(meta.row_group(g).num_rows, 1)
+                          for g in range(meta.num_row_groups))
+            size = max(1, min(size, int(limit // max(per_row, 1.0))))
+        return [CorpusSlice(k, a, min(a + size, n)) for k, a in enumerate(range(0, n, size))]
 
     def read_slice(self, s: "CorpusSlice") -> Iterator[Record]:
         """The records of slice ``s`` (from :meth:`slices`), the same as :meth:`records` gives at

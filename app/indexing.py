@@ -3,9 +3,17 @@
 Takes a stream of records (read lazily by :class:`app.datasets.CorpusSource`: BEIR
 ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text lines, or stdin), embeds it
 with every requested pooler -- one forward pass per tokenization plan
-for all of them -- and writes one :class:`index.Collection` per pooler spec.
+for all of them -- and writes one :class:`index.Collection` per pooler spec; every multi-vector
+collection also keeps the companion rows its ``two_stage`` search takes candidates from.
 
-Resumability: every ``commit_every`` input records the job stages, in the collection property
+Work is sized in tokens and bytes, never in records alone, so that the job's memory is set by its
+budgets whatever the corpus and however long its records (a record may be a 40,000-token
+transcript): records are tokenized once and cut into embedding calls of ``batch_tokens`` tokens,
+counted after windowing (:func:`token_calls`; a longer record is a call of its own, forwarded a
+token-budget batch at a time), and the job commits once the vectors added since the last commit
+take ``commit_bytes`` in their stored precision, or after ``commit_every`` records.
+
+Resumability: at every commit the job stages, in the collection property
 ``embedpool.indexjob`` (on every backend: the state lives and dies with the collection), how many
 input records that collection holds and the id of the last one, then commits the collection: the
 state becomes durable with (FAISS: atomically with) the documents it describes, never before
@@ -37,12 +45,22 @@ import numpy as np
 from embedpool.app.allocator import release_free_memory
 from embedpool.app.datasets import Record
 from embedpool.app.encoding import embed_by_plan
+from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionNotFoundError, CollectionSpec, open_collection
+from embedpool.index import CollectionNotFoundError, CollectionSpec, bytes_per_vector, open_collection
+from embedpool.poolers import Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
 JOB_VERSION = 1
+#: default tokens per embedding call: ~100 MB of float32 token vectors for ``tokens`` (1.5 KB a
+#: token at 384 dimensions), whatever the records' length
+BATCH_TOKENS = 65_536
+#: default bytes of vectors added between two commits (what the pending segments hold)
+COMMIT_BYTES = 256 << 20
+#: records (and characters) tokenized in one tokenizer call, before they are cut into calls
+MEASURE_RECORDS = 64
+MEASURE_CHARS = 1 << 20
 
 
 class IndexJobError(InvalidError):
@@ -117,7 +135,7 @@ class Target:
     name: str
     multi: bool
     plan: str
-    companion_of: list[str] = field(default_factory=list)
+    companion: tuple[str, str] | None = None  # multi: (companion pooler spec, rows layout) it keeps
     coll: Any = None  # an index.CollectionBase
     committed: int = 0  # input records durably in the collection
     added: int = 0  # input records added (committed or not)
@@ -135,10 +153,18 @@ class IndexJob:
         name: collection name (``name`` for one pooler, ``name-<pooler>`` for several).
         poolers: pooler specs.
         source: a description of the corpus pinned in the job state (``CorpusSource.describe()``).
-        companion: pooler spec of the single-vector companion every multi-vector collection
-            gets for ``two_stage`` search (reuses a requested pooler of that spec; ``None``: none).
-        commit_every: commit after this many input records (rounded up to whole batches).
-        batch_docs: records per embedding call (length-sorted into token-budget forward batches).
+        companion: pooler spec of the companion rows every multi-vector collection keeps for
+            ``two_stage`` candidates (:func:`app.retrieval.resolve_companion`: ``mean``,
+            ``fde:...``, a per-window form such as ``mean:per_window=true``, or ``auto``;
+            ``None``: none), written with its documents in the same commits.
+        commit_every: commit after this many input records (rounded up to whole calls).
+        commit_bytes: commit as well once the vectors added since the last commit take this many
+            bytes in their stored precision (what the collections hold in memory until a commit).
+        batch_tokens: tokens per embedding call, counted as the encoder will read them (every
+            plan the poolers need, after windowing); a record over it is a call of its own. The
+            job's memory follows this and ``commit_bytes``, not the corpus or its records' length.
+        batch_docs: records per embedding call at most (length-sorted into token-budget forward
+            batches).
         factory / storage_precision / token_factory: index settings (see ``CollectionSpec``).
         dimensions, normalize: post-processing (Matryoshka, L2).
         store_text: keep document texts in the document store.
@@ -148,15 +174,18 @@ class IndexJob:
     """
 
     def __init__(self, embedder, data_dir: str | os.PathLike, name: str, poolers: list[str], *,
-                 source: dict | None = None, companion: str | None = "mean", commit_every: int = 1000,
+                 source: dict | None = None, companion: str | None = "auto", commit_every: int = 1000,
+                 commit_bytes: int = COMMIT_BYTES, batch_tokens: int = BATCH_TOKENS,
                  batch_docs: int = 256, factory: str = "IDMap2,Flat", storage_precision: str = "float32",
                  token_factory: str = "HNSW32", dimensions: int | None = None, normalize: bool = True,
                  store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None,
                  backend: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
         if not poolers:
             raise IndexJobError("give at least one --pooler")
-        if commit_every < 1 or batch_docs < 1:
-            raise IndexJobError("commit_every and batch_docs must be >= 1")
+        for flag, value in (("--commit-every", commit_every), ("--commit-bytes", commit_bytes),
+                            ("--batch-tokens", batch_tokens), ("--batch-docs", batch_docs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise IndexJobError(f"{flag} must be a whole number >= 1, got {value!r}")
         embedder.check_dimensions(dimensions)
         self.embedder = embedder
         self.data_dir = Path(data_dir)
@@ -164,6 +193,8 @@ class IndexJob:
         self._where = {"backend": backend, "milvus_uri": milvus_uri, "milvus_token": milvus_token}
         self.name = name
         self.commit_every = int(commit_every)
+        self.commit_bytes = int(commit_bytes)
+        self.batch_tokens = int(batch_tokens)
         self.batch_docs = int(min(batch_docs, commit_every))
         self.dimensions = dimensions
         self.normalize = normalize
@@ -181,24 +212,18 @@ class IndexJob:
             pooler = embedder.pooler(spec)
             self.targets[spec] = Target(spec, label, collection_name(name, label if several else spec, several),
                                         bool(pooler.multi_vector), pooler.plan.key)
-        self.companion: str | None = None
-        multis = [t for t in self.targets.values() if t.multi]
-        if companion and multis:
-            cspec = embedder.canonical(companion)
-            cpool = embedder.pooler(cspec)
-            if cpool.multi_vector:
-                raise IndexJobError(f"companion pooler {companion!r} must be single-vector (mean or fde)")
-            if cspec not in self.targets:
-                self.targets[cspec] = Target(cspec, companion, collection_name(name, companion, True),
-                                             False, cpool.plan.key)
-            self.companion = cspec
-            for t in multis:
-                self.targets[cspec].companion_of.append(t.spec)
+        for t in self.targets.values():  # every multi-vector collection keeps its companion rows
+            if t.multi:
+                try:
+                    t.companion = resolve_companion(embedder, t.spec, companion)
+                except InvalidError as e:
+                    raise IndexJobError(f"--companion: {e}") from None
         engine = {"model": embedder.model_id,
                   "encoder_precision": getattr(embedder.encoder, "precision", None),
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
-            t.settings = {"source": source or {}, **engine, "pooler": t.spec}
+            t.settings = {"source": source or {}, **engine, "pooler": t.spec,
+                          **({"companion": t.companion[0]} if t.companion else {})}
         self.engine: dict[str, Any] = {"engine": "in-process"}  # where embedding ran (set by an engine)
         self.records_read = 0
         self.records_indexed = 0
@@ -211,9 +236,12 @@ class IndexJob:
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
                       encoder_precision=getattr(self.embedder.encoder, "precision", None))
         if t.multi:
-            comp = self.targets[self.companion].name if self.companion else None
+            comp = {} if t.companion is None else dict(
+                companion_pooler=t.companion[0], companion_rows=t.companion[1],
+                companion_dim=self.embedder.output_dim(t.companion[0], self.dimensions),
+                companion_factory=self.index_settings["factory"])
             return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
-                                  token_factory=self.index_settings["token_factory"], companion=comp, **common)
+                                  token_factory=self.index_settings["token_factory"], **comp, **common)
         return CollectionSpec(kind="single", factory=self.index_settings["factory"], **common)
 
     def open(self) -> None:
@@ -317,6 +345,7 @@ class IndexJob:
         if start:
             self.log(f"resuming {self.name}: {start} records already committed")
         self._since_commit = 0
+        self._pending_bytes = 0
         with _DeferSigint() as guard:
             self._guard = guard
             try:
@@ -344,32 +373,37 @@ class IndexJob:
 
     def plan(self) -> dict[str, Any]:
         """What an engine needs to embed the rest of the corpus the way :meth:`run` does."""
-        return {"start": self.start, "batch_docs": self.batch_docs, "specs": [t.spec for t in self.targets.values()],
+        return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
+                "specs": self.specs,
                 "checks": {t.committed - 1: (t.last_id, t.name) for t in self.targets.values() if t.committed > 0},
                 "normalize": self.normalize, "dimensions": self.dimensions}
 
+    @property
+    def specs(self) -> list[str]:
+        """Every pooler spec the job embeds with: the collections' and their companions'."""
+        return _specs(self.targets.values())
+
     def _embedded_here(self, records: Iterable[Record]) -> Iterator["EmbeddedBlock"]:
-        """The in-process engine: batches of ``batch_docs`` records (at multiples of it, as
-        every engine cuts them), embedded in this process."""
+        """The in-process engine: the records from :attr:`start` on, cut into embedding calls by
+        :func:`token_calls`, embedded in this process."""
         start = self.start
         checks = self.plan()["checks"]
-        chunk: list[tuple[int, Record]] = []
-        pos = -1
-        for pos, rec in enumerate(records):
-            if pos in checks:
-                check_position(pos, rec, *checks[pos])
-            if pos < start:
-                continue
-            chunk.append((pos, rec))
-            if (pos + 1) % self.batch_docs == 0:
-                yield self._embed_chunk(chunk)
-                chunk = []
-        if chunk:
-            yield self._embed_chunk(chunk)
-        self.records_read = pos + 1
+        self.records_read = 0
 
-    def _embed_chunk(self, chunk: list[tuple[int, Record]]) -> "EmbeddedBlock":
-        end = chunk[-1][0] + 1
+        def todo() -> Iterator[tuple[int, Record]]:
+            for pos, rec in enumerate(records):
+                if pos in checks:
+                    check_position(pos, rec, *checks[pos])
+                self.records_read = pos + 1
+                if pos >= start:
+                    yield pos, rec
+
+        for call in token_calls(self.embedder, todo(), self.specs, batch_tokens=self.batch_tokens,
+                                batch_docs=self.batch_docs):
+            yield self._embed_call(call)
+
+    def _embed_call(self, call: list["Measured"]) -> "EmbeddedBlock":
+        end = call[-1].pos + 1
         active = [t for t in self.targets.values() if t.added < end]
         first = min((t.added for t in active), default=end)
         n_plans = max(len({t.plan for t in active}), 1)
@@ -383,8 +417,8 @@ class IndexJob:
                     progress[0] -= step
                     self._bar.update(step)
 
-        return embed_records(self.embedder, [(p, r) for p, r in chunk if p >= first], end, chunk[-1][1].id,
-                             [t.spec for t in active], normalize=self.normalize,
+        return embed_records(self.embedder, [m for m in call if m.pos >= first], end, call[-1].record.id,
+                             _specs(active), normalize=self.normalize,
                              dimensions=self.dimensions, on_batch=on_batch)
 
     def _write(self, block: "EmbeddedBlock") -> None:
@@ -397,10 +431,12 @@ class IndexJob:
                 sel = [i for i, p in enumerate(block.positions) if p >= t.added]
                 if sel and block.vectors is not None:
                     vec = [block.vectors[t.spec][i] for i in sel]
+                    comp = None if t.companion is None else [block.vectors[t.companion[0]][i] for i in sel]
                     t.coll.add([block.ids[i] for i in sel], vec if t.multi else np.stack(vec),
                                texts=[block.texts[i] for i in sel] if self.store_text else None,
                                metadata=[block.metadata[i] for i in sel],
-                               model=self.embedder.model_id, pooler=t.spec)
+                               model=self.embedder.model_id, pooler=t.spec, companion=comp)
+                    self._pending_bytes += self._stored_bytes(t, vec)
                 t.encode_seconds += block.seconds.get(t.spec, 0.0) * (len(sel) / max(len(block.positions), 1))
                 t.added = block.end
                 t.last_id = block.last_id
@@ -412,8 +448,17 @@ class IndexJob:
                 el = self._bar.format_dict.get("elapsed") or 0
                 if el:
                     self._bar.set_postfix_str(f"{self.tokens / el:,.0f} tok/s", refresh=False)
-            if self._since_commit >= self.commit_every:
+            if self._since_commit >= self.commit_every or self._pending_bytes >= self.commit_bytes:
                 self._commit_all()
+            else:  # a call's freed vectors: heap pages the next call may not fit in (app/allocator.py)
+                release_free_memory()
+
+    def _stored_bytes(self, t: Target, vectors: list[np.ndarray]) -> int:
+        """Bytes ``vectors`` take in ``t``'s collection until a commit (stored precision; the
+        companion rows stay in the companion index after a commit, so they are not counted)."""
+        spec = t.coll.spec
+        n = sum(len(v) for v in vectors) if t.multi else len(vectors)
+        return n * bytes_per_vector(spec.dim, spec.precision if t.multi else "float32")
 
     def _commit_all(self) -> None:
         for t in self.targets.values():
@@ -421,6 +466,7 @@ class IndexJob:
                 continue
             self._commit(t)
         self._since_commit = 0
+        self._pending_bytes = 0
         release_free_memory()  # the batches' freed buffers: keep the job's memory flat (app/allocator.py)
 
     def _compact_if_needed(self) -> None:
@@ -436,7 +482,7 @@ class IndexJob:
             st = t.coll.stats() if t.coll is not None else {}
             rows.append({"pooler": t.label, "spec": t.spec, "collection": t.name,
                          "kind": "multi" if t.multi else "single",
-                         "companion": self.targets[self.companion].name if t.multi and self.companion else None,
+                         "companion": t.companion[0] if t.companion else None,
                          "documents": st.get("documents"), "vectors": st.get("vectors"),
                          "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),
                          "location": st.get("location"),
@@ -449,6 +495,12 @@ class IndexJob:
                 "docs_per_s": round(self.records_indexed / secs, 2) if secs else None,
                 "tokens": self.tokens, "tokens_per_s": round(self.tokens / secs, 1) if secs else None,
                 "bytes_on_disk": sum(r["bytes_on_disk"] or 0 for r in rows), "collections": rows}
+
+
+def _specs(targets: Iterable[Target]) -> list[str]:
+    """The pooler specs the targets need embedded: their own and their companions'."""
+    targets = list(targets)
+    return list(dict.fromkeys([t.spec for t in targets] + [t.companion[0] for t in targets if t.companion]))
 
 
 # Recorded in the job state but not compared on resume: vectors of fp32 and of any encoder path
@@ -493,26 +545,86 @@ def check_position(pos: int, rec: Record, expected_id: str | None, collection: s
             "this corpus")
 
 
-def embed_records(embedder, recs: list[tuple[int, Record]], end: int, last_id: str, specs: list[str], *,
+@dataclass
+class Measured:
+    """A record of the corpus at position ``pos``, tokenized (``tokenized``, ``tokens``: what
+    :meth:`poolers.Embedder.measure` gives) for the embedding call it goes into."""
+
+    pos: int
+    record: Record
+    tokenized: Tokenized | None = None
+    tokens: int = 0
+
+
+def token_calls(embedder, items: Iterable[tuple[int, Record]], specs: list[str], *, batch_tokens: int,
+                batch_docs: int) -> Iterator[list[Measured]]:
+    """``(position, record)`` items cut into embedding calls of at most ``batch_tokens`` tokens
+    -- every plan the ``specs`` need, counted after windowing -- and ``batch_docs`` records; a
+    record over the budget is a call of its own (the encoder forwards its windows a token-budget
+    batch at a time). Records are tokenized a group at a time and each call reuses their rows,
+    so nothing is tokenized twice. The same cut in this process and on a Ray worker."""
+    call: list[Measured] = []
+    tokens = 0
+    for group in _measure_groups(items, min(MEASURE_RECORDS, batch_docs), min(MEASURE_CHARS, 4 * batch_tokens)):
+        for m in _measure(embedder, group, specs):
+            if call and tokens + m.tokens > batch_tokens:
+                yield call
+                call, tokens = [], 0
+            call.append(m)
+            tokens += m.tokens
+            if len(call) >= batch_docs or tokens >= batch_tokens:
+                yield call
+                call, tokens = [], 0
+    if call:
+        yield call
+
+
+def _measure_groups(items: Iterable[tuple[int, Record]], records: int,
+                    chars_max: int) -> Iterator[list[tuple[int, Record]]]:
+    """The items in groups tokenized together: at most ``records`` of them and about
+    ``chars_max`` characters (so a group is read no further ahead than a call needs)."""
+    group: list[tuple[int, Record]] = []
+    chars = 0
+    for item in items:
+        group.append(item)
+        chars += len(item[1].text) if isinstance(item[1].text, str) else 0
+        if len(group) >= records or chars >= chars_max:
+            yield group
+            group, chars = [], 0
+    if group:
+        yield group
+
+
+def _measure(embedder, group: list[tuple[int, Record]], specs: list[str]) -> list[Measured]:
+    try:
+        w = embedder.measure([r.text for _, r in group], specs, role="document")
+    except InvalidError as e:
+        raise IndexJobError(f"{_culprit(group)}: {e}") from e
+    return [Measured(p, r, tok, n) for (p, r), tok, n in zip(group, w.tokenized, w.tokens)]
+
+
+def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs: list[str], *,
                   normalize: bool = True, dimensions: int | None = None,
                   on_batch: Callable[[int, int], None] | None = None) -> EmbeddedBlock:
-    """Embed one block of ``(position, record)`` with every spec -- the same code in this
-    process and on a Ray worker. A record the encoder refuses fails the block with an
-    :class:`IndexJobError` naming it."""
-    last_of: dict[str, int] = {}  # duplicate ids inside one block: the last one wins (as a later upsert would)
-    for j, (_, r) in enumerate(recs):
-        last_of[r.id] = j
+    """Embed one call's records (from :func:`token_calls`) with every spec -- the same code in
+    this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
+    fails the call with an :class:`IndexJobError` naming it."""
+    last_of: dict[str, int] = {}  # duplicate ids inside one call: the last one wins (as a later upsert would)
+    for j, m in enumerate(recs):
+        last_of[m.record.id] = j
     keep = [recs[j] for j in sorted(last_of.values())]
-    texts = [r.text for _, r in keep]
+    texts = [m.record.text for m in keep]
     if not keep or not specs:
         return EmbeddedBlock([], [], [], [], {s: [] for s in specs}, {}, 0, end, last_id, len(recs))
+    tokenized = [m.tokenized for m in keep]
     try:
         emb = embed_by_plan(embedder, texts, specs, "document", normalize=normalize, dimensions=dimensions,
-                            on_batch=on_batch)
+                            on_batch=on_batch, tokenized=None if None in tokenized else tokenized)
     except InvalidError as e:
-        raise IndexJobError(f"{_culprit(keep)}: {e}") from e
-    return EmbeddedBlock([p for p, _ in keep], [r.id for _, r in keep], texts, [r.metadata for _, r in keep],
-                         emb.vectors, emb.seconds, emb.tokens, end, last_id, len(recs))
+        raise IndexJobError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
+    return EmbeddedBlock([m.pos for m in keep], [m.record.id for m in keep], texts,
+                         [m.record.metadata for m in keep], emb.vectors, emb.seconds, emb.tokens, end, last_id,
+                         len(recs))
 
 
 def _culprit(keep: list[tuple[int, Record]]) -> str:
@@ -548,5 +660,6 @@ def format_summary(s: dict[str, Any]) -> str:
             + (f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}"
                if all(r["bytes_on_disk"] is not None for r in s["collections"]) else
                f"; in {s['collections'][0]['location']}"))
-    cols = ["collection", "pooler", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk", "encode_seconds"]
+    cols = ["collection", "pooler", "companion", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk",
+            "encode_seconds"]
     return head + "\n" + render_table(cols, [[r[c] for c in cols] for r in s["collections"]])

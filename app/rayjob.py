@@ -5,8 +5,10 @@ state, commits, resume and final compaction (:meth:`IndexJob.drive`); only where
 runs differs:
 
 * **Reading** -- the corpus is a Ray Dataset of a custom datasource, one read task per block of
-  ``batch_docs`` records (:meth:`app.datasets.CorpusSource.slices`; the driver scans a JSON-lines
-  file once for where its blocks start, a Parquet file only for its footer). Each read task reads
+  at most ``batch_docs`` records and about the bytes of ``batch_tokens`` tokens
+  (:data:`BYTES_PER_TOKEN` each; a larger record is a block of its own:
+  :meth:`app.datasets.CorpusSource.slices`; the driver scans a JSON-lines file once for where
+  its blocks start, a Parquet file only for its footer). Each read task reads
   its block with the one loader, :meth:`CorpusSource.read_slice` -- same ids, texts and errors
   naming the same line as the in-process job; Ray's own JSON reader was not used because it infers
   an Arrow schema (a non-string text becomes an Arrow error naming no line), knows no BEIR title
@@ -16,8 +18,10 @@ runs differs:
   record before them, to check the corpus did not change).
 * **Embedding** -- ``map_batches`` over a fixed pool of ``--workers`` actors, each loading its
   own encoder once and running torch on ``--worker-threads`` threads (the actor asks Ray for as
-  many CPUs), embedding one block at a time with :func:`app.indexing.embed_records` -- the code
-  the in-process job runs, on the same blocks, so the vectors are the same.
+  many CPUs). It cuts its block into embedding calls of ``batch_tokens`` tokens with
+  :func:`app.indexing.token_calls` and embeds each with :func:`app.indexing.embed_records` --
+  the code the in-process job runs, so the vectors are the same -- and hands each call's
+  result back as it is done (one output block per call): a worker holds one call's vectors.
 * **Writing** -- blocks come back to the driver in corpus order (``preserve_order``). With a
   collection that takes one writer at a time (FAISS, Milvus Lite) the workers ship the vectors
   back (float32 bytes, one row per document) and the driver writes and commits them. With one
@@ -44,8 +48,20 @@ from typing import Any
 import numpy as np
 
 from embedpool.app.datasets import CorpusSlice, CorpusSource, Record
-from embedpool.app.indexing import EmbeddedBlock, IndexJob, IndexJobError, check_position, embed_records
+from embedpool.app.indexing import (
+    EmbeddedBlock,
+    IndexJob,
+    IndexJobError,
+    check_position,
+    embed_records,
+    token_calls,
+)
 from embedpool.errors import EmbedpoolError, InternalError, UnavailableError
+
+
+#: bytes of a corpus file taken for one token when read tasks are cut (English text has ~4-5
+#: characters a token; the worker cuts its block by counted tokens again)
+BYTES_PER_TOKEN = 4
 
 
 class RayJobError(UnavailableError):
@@ -113,7 +129,8 @@ class EmbedWorker:
     worker-write mode, upserts its rows into the collections itself."""
 
     def __init__(self, settings: dict, specs: list[str], normalize: bool, dimensions: int | None,
-                 threads: int, write: dict | None, model: tuple[str, int]) -> None:
+                 threads: int, write: dict | None, model: tuple[str, int], batch_tokens: int,
+                 batch_docs: int) -> None:
         import torch
 
         from embedpool.app.settings import Settings, load_embedder
@@ -126,6 +143,7 @@ class EmbedWorker:
                 f"{self.embedder.dim}), the driver {model[0]!r} (dim {model[1]}); install the same model "
                 "on every node"))
         self.specs, self.normalize, self.dimensions = specs, normalize, dimensions
+        self.batch_tokens, self.batch_docs = batch_tokens, batch_docs
         self.write = write
         self.colls: dict[str, Any] = {}
         if write:
@@ -135,24 +153,23 @@ class EmbedWorker:
                 self.colls[spec] = open_collection(write["data_dir"], t["name"], **write["where"])
 
     def __call__(self, batch):
-        import pyarrow as pa
-
-        out = []
+        """One output block per embedding call of the input block(s) (a generator: a call's
+        vectors leave the worker before the next call is embedded)."""
         try:
             cols = batch.to_pydict()
             for k in sorted(set(cols["slice"])):  # one block per call, unless Ray bundled several
-                rows = [j for j, x in enumerate(cols["slice"]) if x == k]
                 recs = [(cols["pos"][j], Record(cols["id"][j], _text(cols["text"][j]),
                                                 json.loads(cols["metadata"][j]) if cols["metadata"][j] else None))
-                        for j in rows]
-                block = embed_records(self.embedder, recs, recs[-1][0] + 1, recs[-1][1].id, self.specs,
-                                      normalize=self.normalize, dimensions=self.dimensions)
-                if self.write:
-                    self._write(block)
-                out.append(_to_table(k, block, self.specs, shipped=not self.write))
+                        for j, x in enumerate(cols["slice"]) if x == k]
+                for n, call in enumerate(token_calls(self.embedder, recs, self.specs,
+                                                     batch_tokens=self.batch_tokens, batch_docs=self.batch_docs)):
+                    block = embed_records(self.embedder, call, call[-1].pos + 1, call[-1].record.id, self.specs,
+                                          normalize=self.normalize, dimensions=self.dimensions)
+                    if self.write:
+                        self._write(block)
+                    yield _to_table((k, n), block, self.specs, shipped=not self.write)
         except EmbedpoolError as e:
             raise _keep_message(e)
-        return pa.concat_tables(out) if out else _to_table(-1, None, self.specs, shipped=not self.write)
 
     def _write(self, block: EmbeddedBlock) -> None:
         for spec, coll in self.colls.items():
@@ -161,31 +178,34 @@ class EmbedWorker:
             if not sel:
                 continue
             vec = [block.vectors[spec][i] for i in sel]
+            comp = None if t["companion"] is None else [block.vectors[t["companion"]][i] for i in sel]
             coll.add([block.ids[i] for i in sel], vec if t["multi"] else np.stack(vec),
                      texts=[block.texts[i] for i in sel] if self.write["store_text"] else None,
-                     metadata=[block.metadata[i] for i in sel], model=self.write["model"], pooler=spec)
+                     metadata=[block.metadata[i] for i in sel], model=self.write["model"], pooler=spec,
+                     companion=comp)
 
 
-def _to_table(k: int, block: EmbeddedBlock | None, specs: list[str], shipped: bool):
-    """A block as an Arrow table, one row per kept record; the block's totals ride on every row."""
+def _to_table(call: tuple[int, int], block: EmbeddedBlock, specs: list[str], shipped: bool):
+    """A block (embedding call ``call[1]`` of read block ``call[0]``) as an Arrow table, one row
+    per kept record; the block's totals ride on every row."""
     import pyarrow as pa
 
-    n = len(block.positions) if block else 0
+    n = len(block.positions)
     cols: dict[str, Any] = {
-        "slice": pa.array([k] * n, pa.int64()), "pos": pa.array(block.positions if block else [], pa.int64()),
-        "id": pa.array(block.ids if block else [], pa.string()),
-        "read": pa.array([block.read] * n if block else [], pa.int64()),
-        "tokens": pa.array([block.tokens] * n if block else [], pa.int64()),
+        "slice": pa.array([call[0]] * n, pa.int64()), "call": pa.array([call[1]] * n, pa.int64()),
+        "pos": pa.array(block.positions, pa.int64()),
+        "id": pa.array(block.ids, pa.string()),
+        "read": pa.array([block.read] * n, pa.int64()),
+        "tokens": pa.array([block.tokens] * n, pa.int64()),
     }
     for i, spec in enumerate(specs):
-        cols[f"seconds:{i}"] = pa.array([block.seconds.get(spec, 0.0)] * n if block else [], pa.float64())
+        cols[f"seconds:{i}"] = pa.array([block.seconds.get(spec, 0.0)] * n, pa.float64())
     if shipped:
-        cols["text"] = pa.array(block.texts if block else [], pa.string())
-        cols["metadata"] = pa.array([None if m is None else json.dumps(m) for m in block.metadata]
-                                    if block else [], pa.string())
+        cols["text"] = pa.array(block.texts, pa.string())
+        cols["metadata"] = pa.array([None if m is None else json.dumps(m) for m in block.metadata], pa.string())
         for i, spec in enumerate(specs):
             cols[f"vectors:{i}"] = pa.array([np.ascontiguousarray(v, np.float32).tobytes()
-                                             for v in block.vectors[spec]] if block else [], pa.binary())
+                                             for v in block.vectors[spec]], pa.binary())
     return pa.table(cols)
 
 
@@ -193,10 +213,11 @@ def _blocks_of(batch, specs: list[str], shapes: dict[str, tuple[int, bool]]) -> 
     """The blocks of one table the workers returned, back as :class:`EmbeddedBlock`
     (``shapes``: per spec, its dimension and whether it is multi-vector)."""
     c = batch.to_pydict()
+    key = list(zip(c["slice"], c["call"]))
     j = 0
-    while j < len(c["slice"]):
-        k, e = c["slice"][j], j
-        while e < len(c["slice"]) and c["slice"][e] == k:
+    while j < len(key):
+        e = j
+        while e < len(key) and key[e] == key[j]:
             e += 1
         r = range(j, e)
         vectors = None
@@ -294,7 +315,7 @@ def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: st
     try:
         threads = threads or default_threads(workers)
         plan = job.plan()
-        slices = source.slices(plan["batch_docs"])
+        slices = source.slices(plan["batch_docs"], plan["batch_tokens"] * BYTES_PER_TOKEN)
         job.records_read = slices[-1].stop if slices else 0
         first = min([plan["start"], *plan["checks"]])
         todo = [s for s in slices if s.stop > first]
@@ -315,7 +336,8 @@ def _worker_writes(job: IndexJob) -> dict | None:
         return None
     return {"data_dir": str(job.data_dir), "where": job.where, "store_text": job.store_text,
             "model": job.embedder.model_id,
-            "targets": {t.spec: {"name": t.name, "added": t.added, "multi": t.multi} for t in targets}}
+            "targets": {t.spec: {"name": t.name, "added": t.added, "multi": t.multi,
+                                 "companion": t.companion[0] if t.companion else None} for t in targets}}
 
 
 def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: dict, engine_settings: dict,
@@ -330,7 +352,8 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
     ctx.print_on_execution_start = False
     ctx.raise_original_map_exception = True  # a worker's own error, not "UDF failed to process a data block"
     specs = plan["specs"]
-    shapes = {t.spec: (job.collection_spec(t).dim, t.multi) for t in job.targets.values()}
+    shapes = {s: (job.embedder.output_dim(s, job.dimensions), bool(job.embedder.pooler(s).multi_vector))
+              for s in specs}
     env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     # one block per read task: Ray would otherwise split blocks to reach its default parallelism
     ds = ray.data.read_datasource(_datasource(source, todo, plan["start"], plan["checks"]), num_cpus=0,
@@ -340,9 +363,10 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
         compute=ray.data.ActorPoolStrategy(size=workers),
         fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, normalize=plan["normalize"],
                                    dimensions=plan["dimensions"], threads=threads, write=writes,
-                                   model=(job.embedder.model_id, job.embedder.dim)),
+                                   model=(job.embedder.model_id, job.embedder.dim),
+                                   batch_tokens=plan["batch_tokens"], batch_docs=plan["batch_docs"]),
         num_cpus=threads, runtime_env={"env_vars": env})
-    expect = iter(todo)
+    done = plan["start"]  # every record before this position came back
     # Ray Data logs every failed task as a bug of its own ("open an issue") before it raises; the
     # error raised here says what failed (Ray's own logs keep the whole story)
     quiet = logging.getLogger("ray.data")
@@ -350,12 +374,14 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
     quiet.setLevel(logging.CRITICAL)
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1):
-            for block in _blocks_of(batch, specs, shapes):
-                s = next(s for s in expect if s.stop == block.end)  # blocks come whole and in order
-                if block.read != s.stop - max(s.start, plan["start"]):
-                    raise InternalError(f"Ray returned records {block.positions[0]}-{block.end - 1} of block "
-                                        f"{s.start}-{s.stop - 1} only")
+            for block in _blocks_of(batch, specs, shapes):  # calls come whole and in order
+                if block.end - block.read != done:
+                    raise InternalError(f"Ray returned records {block.end - block.read}-{block.end - 1} after "
+                                        f"record {done - 1}")
+                done = block.end
                 yield block
+        if done != todo[-1].stop:
+            raise InternalError(f"Ray returned records up to {done - 1} of {todo[-1].stop}")
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 -- every failure of the Ray job is mapped here

@@ -4,10 +4,13 @@ Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
 
 1. **What to embed** (:func:`collection_embedding`): a query for a collection is embedded with the
    pooler, normalization and Matryoshka dimensions the collection's manifest records, as a
-   ``query``. A two_stage search also embeds the query for the companion collection, by *its*
-   manifest (its pooler, its normalization, its dimensions). Embeddings that share options
+   ``query``. A two_stage search also embeds the query for the companion: the companion pooler
+   the collection records (a collection that keeps its companion rows,
+   :func:`companion_embedding`), or the pooler of a separate companion collection, by *its*
+   manifest (its pooler, its normalization, its dimensions). Documents written to a collection
+   are embedded the same way in role ``document`` (:func:`document_embeddings`). Embeddings that share options
    come from one ``embed`` call, so one forward pass per tokenization plan
-   (:func:`embedding_calls`, :func:`embed_queries`, :func:`aembed_queries` for the server's
+   (:func:`embedding_calls`, :func:`embed_texts`, :func:`aembed_texts` for the server's
    batcher).
 2. **Candidates and ranking** (:meth:`Search.run`): the collection's own search --
    ``exhaustive``, ``tokens`` (token ANN candidates) or ``two_stage`` (companion candidates),
@@ -73,15 +76,57 @@ def collection_embedding(spec: CollectionSpec, model_dim: int, role: str = "quer
     return Embedding(spec.pooler, bool(spec.normalized), None if spec.dim == model_dim else spec.dim, role)
 
 
+#: the companion a multi-vector collection gets when none is named: one ``mean`` row per window
+#: of a document for a pooler that windows long documents, else one ``mean`` per document
+AUTO_COMPANION = "auto"
+
+
+def resolve_companion(embedder, pooler: str, companion: str | None) -> tuple[str, str] | None:
+    """``(canonical pooler spec, rows layout)`` of the companion a multi-vector collection of
+    ``pooler`` keeps for ``two_stage`` candidates (``companion``: a single-vector pooler spec --
+    ``mean``, ``fde:...`` -- or its per-window form -- ``mean:per_window=true`` --, ``auto``, or
+    ``None`` for none). Rows are ``window`` for a per-window pooler (one per window of a
+    document), else ``document``."""
+    if companion is None:
+        return None
+    if companion == AUTO_COMPANION:
+        windows = embedder.pooler(pooler).plan.kind != "standard"
+        companion = "mean:per_window=true" if windows else "mean"
+    cp = embedder.pooler(companion)
+    per_window = bool(getattr(cp, "per_window", False))
+    if cp.multi_vector and not per_window:
+        raise RetrievalError(
+            f"companion pooler {companion!r} gives several vectors per text; a companion is a single-vector "
+            "pooler (mean, fde) or its per-window form (mean:per_window=true: one row per window of a document)",
+            param="companion")
+    return cp.spec, ("window" if per_window else "document")
+
+
+def companion_embedding(spec: CollectionSpec, model_dim: int, role: str = "query") -> Embedding | None:
+    """How texts of ``role`` are embedded for the companion rows a collection keeps itself
+    (``spec.companion_pooler``), or ``None`` if it keeps none."""
+    if spec.companion_pooler is None:
+        return None
+    return collection_embedding(spec.companion_spec(), model_dim, role)
+
+
+def document_embeddings(spec: CollectionSpec, model_dim: int) -> tuple[Embedding, Embedding | None]:
+    """How documents written to a collection are embedded: its own vectors, and its companion
+    rows if it keeps them (``add(companion=...)``)."""
+    return (collection_embedding(spec, model_dim, role="document"),
+            companion_embedding(spec, model_dim, role="document"))
+
+
 def companion_name(spec: CollectionSpec, mode: str, name: str = "") -> str | None:
-    """The companion collection a search in ``mode`` needs (``None``: none)."""
+    """The separate companion collection a search in ``mode`` needs (``None``: none, or the
+    collection keeps its companion rows itself)."""
     if mode not in MODES:
         raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}", param="mode")
-    if spec.kind != "multi" or mode != "two_stage":
+    if spec.kind != "multi" or mode != "two_stage" or spec.companion_pooler is not None:
         return None
     if not spec.companion:
-        raise RetrievalError(f"mode: collection {name!r} has no companion collection for two_stage; give it "
-                             "one (the 'companion' of POST /collections, --companion of embedpool index), or "
+        raise RetrievalError(f"mode: collection {name!r} has no companion for two_stage; create it with one "
+                             "(the 'companion' pooler of POST /collections, --companion of embedpool index), or "
                              "use mode 'exhaustive' or 'tokens'", param="mode")
     return spec.companion
 
@@ -98,8 +143,8 @@ def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[dict[str, Any
 Vectors = dict[Embedding, list[np.ndarray]]
 
 
-def embed_queries(embed: Callable[..., Any], texts: Sequence[str],
-                  embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
+def embed_texts(embed: Callable[..., Any], texts: Sequence[str],
+                embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
     """Embed ``texts`` for every embedding with ``embed(texts, poolers, **options)`` (an
     ``Embedder.embed``); returns the vectors per embedding and the tokens encoded."""
     out: Vectors = {}
@@ -111,9 +156,9 @@ def embed_queries(embed: Callable[..., Any], texts: Sequence[str],
     return out, tokens
 
 
-async def aembed_queries(embed: Callable[..., Awaitable[Any]], texts: Sequence[str],
-                         embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
-    """:func:`embed_queries` with an async ``embed`` (the server's batcher)."""
+async def aembed_texts(embed: Callable[..., Awaitable[Any]], texts: Sequence[str],
+                       embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
+    """:func:`embed_texts` with an async ``embed`` (the server's batcher)."""
     out: Vectors = {}
     tokens = 0
     for opts, poolers in embedding_calls(embeddings):
@@ -132,8 +177,9 @@ class Search:
         model_dim: the model's dimension (for the Matryoshka ``dimensions`` of the queries).
         mode / candidates / k_token: multi-vector candidate generation (see
             :meth:`index.CollectionBase.search`); ignored for single-vector collections.
-        companion: the open companion collection of a ``two_stage`` search (see
-            :func:`companion_name`).
+        companion: the open companion collection of a ``two_stage`` search on a collection
+            that names a separate one (see :func:`companion_name`); a collection that keeps its
+            companion rows needs none.
         k: results per query.
     """
 
@@ -152,9 +198,12 @@ class Search:
         elif self.companion is None:
             raise RetrievalError(f"mode two_stage on {self.collection.name!r} needs its companion "
                                  f"collection {need!r} opened", param="mode")
-        self.query = collection_embedding(self.collection.spec, self.model_dim)
-        self.companion_query = (None if self.companion is None
-                                else collection_embedding(self.companion.spec, self.model_dim))
+        spec = self.collection.spec
+        self.query = collection_embedding(spec, self.model_dim)
+        own = self.mode == "two_stage" and self.multi and spec.companion_pooler is not None
+        self.companion_query = (companion_embedding(spec, self.model_dim) if own else
+                                None if self.companion is None else
+                                collection_embedding(self.companion.spec, self.model_dim))
 
     @property
     def multi(self) -> bool:
@@ -173,16 +222,18 @@ class Search:
         q = take(self.query)
         if not self.multi:
             return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), k=self.k)
-        if self.companion is not None:
+        if self.companion_query is not None:
+            # a per-window companion pooler gives a query one row ([1, D]): its vector
+            cq = np.stack([np.asarray(v).reshape(-1, np.shape(v)[-1])[0] for v in take(self.companion_query)])
             return self.collection.search(q, k=self.k, mode="two_stage", candidates=self.candidates,
                                           companion=self.companion, companion_pooler=self.companion_query.pooler,
-                                          companion_queries=np.stack(take(self.companion_query)))
+                                          companion_queries=cq)
         return self.collection.search(q, k=self.k, mode=self.mode, k_token=self.k_token)
 
 
 def retrieve(embedder, texts: Sequence[str], search: Search) -> list[list[Hit]]:
     """Embed ``texts`` for ``search`` with ``embedder`` (a :class:`poolers.Embedder`) and run it."""
-    vectors, _ = embed_queries(embedder.embed, texts, search.embeddings())
+    vectors, _ = embed_texts(embedder.embed, texts, search.embeddings())
     return search.run(vectors)
 
 

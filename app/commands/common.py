@@ -24,14 +24,32 @@ def add_candidate_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
-    """The indexing job's flags (``embedpool index`` and the indexing inside ``embedpool eval``)."""
+    """The indexing job's flags (``embedpool index`` and the indexing inside ``embedpool eval``).
+    Work is sized in tokens and bytes; the record counts are upper bounds (see
+    :class:`app.indexing.IndexJob`)."""
+    from embedpool.app.indexing import BATCH_TOKENS, COMMIT_BYTES
+
+    p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
+                   help=f"tokens per embedding call, all windows counted (default {BATCH_TOKENS:,}); "
+                        "a longer record is a call of its own")
+    p.add_argument("--commit-bytes", type=int, default=COMMIT_BYTES, metavar="N",
+                   help=f"commit once the vectors added since the last commit take N bytes as stored "
+                        f"(default {COMMIT_BYTES >> 20} MiB)")
     p.add_argument("--commit-every", type=int, default=commit_every, metavar="N",
-                   help=f"commit every N records (default {commit_every})")
+                   help=f"commit every N records at most (default {commit_every})")
     p.add_argument("--batch-docs", type=int, default=256, metavar="N",
-                   help="records per embedding call (each is split into token-budget forward batches)")
+                   help="records per embedding call at most (each call is split into token-budget forward "
+                        "batches)")
     p.add_argument("--storage-precision", choices=PRECISIONS, default="float32",
                    help="storage of multi-vector token vectors")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def job_options(args: argparse.Namespace) -> dict:
+    """The :class:`app.indexing.IndexJob` keywords of :func:`add_job_args`' flags."""
+    return {"commit_every": args.commit_every, "commit_bytes": args.commit_bytes, "batch_tokens": args.batch_tokens,
+            "batch_docs": args.batch_docs, "storage_precision": args.storage_precision,
+            "progress": not args.no_progress}
 
 
 def command(sub, name: str, run, *, help: str, description: str, storage: bool = False) -> argparse.ArgumentParser:

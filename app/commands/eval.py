@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from embedpool.app.cli import UsageError
-from embedpool.app.commands.common import add_candidate_args, add_data_sources, add_job_args, command
+from embedpool.app.commands.common import add_candidate_args, add_data_sources, add_job_args, command, job_options
 from embedpool.app.settings import from_args, load_embedder
 
 
@@ -34,9 +34,10 @@ def register(sub) -> None:
     p.add_argument("--markdown", metavar="FILE", help="Markdown table")
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
     add_candidate_args(p)
-    p.add_argument("--companion", default="mean", metavar="SPEC",
-                   help="two_stage: single-vector pooler of the companion (mean, or fde for MUVERA "
-                        "fixed-dimensional encodings; default mean)")
+    p.add_argument("--companion", default="auto", metavar="SPEC",
+                   help="two_stage: pooler of the companion rows the multi-vector collections keep (mean, fde "
+                        "for MUVERA fixed-dimensional encodings, or their per-window forms such as "
+                        "mean:per_window=true); default auto: a per-window mean for windowing poolers, else mean")
     p.add_argument("--max-docs", type=int, help="evaluate on a slice of at most N documents")
     p.add_argument("--max-queries", type=int, help="at most N queries (synthetic-long default 100)")
     p.add_argument("--max-pairs", type=int, help="STS: the first N pairs only")
@@ -74,10 +75,8 @@ def run(args: argparse.Namespace) -> int:
         embedder = load_embedder(settings)
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
                       candidates=args.candidates, companion=args.companion, k_token=args.k_token,
-                      index_dir=args.index_dir,
-                      commit_every=args.commit_every, batch_docs=args.batch_docs,
-                      storage_precision=args.storage_precision, progress=not args.no_progress, log=log,
-                      latency_queries=args.latency_queries)
+                      index_dir=args.index_dir, log=log, latency_queries=args.latency_queries,
+                      **job_options(args))
         if args.data:
             data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
             log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")

@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 
-from embedpool.app.commands.common import add_job_args, command
+from embedpool.app.commands.common import add_job_args, command, job_options
 from embedpool.app.settings import from_args, load_embedder
 
 
@@ -29,9 +29,11 @@ def register(sub) -> None:
     p.add_argument("--text-field", help="text field (default text)")
     p.add_argument("--title-field", help="field prepended to the text (BEIR: title)")
     add_job_args(p, commit_every=1000)
-    p.add_argument("--companion", default="mean", metavar="SPEC",
-                   help="single-vector companion of multi-vector collections for two_stage search "
-                        "(default mean; 'none' for none)")
+    p.add_argument("--companion", default="auto", metavar="SPEC",
+                   help="pooler of the companion rows every multi-vector collection keeps for two_stage "
+                        "candidates: mean, fde, or a per-window form (mean:per_window=true: one row per window "
+                        "of a long document); default auto: a per-window mean for poolers that window long "
+                        "documents (window=true), else mean; 'none' for none")
     p.add_argument("--factory", default="IDMap2,Flat",
                    help="FAISS factory of single-vector collections (Milvus: the equivalent index)")
     p.add_argument("--token-factory", default="HNSW32", help="FAISS factory of the token ANN (mode tokens)")
@@ -66,11 +68,9 @@ def run(args: argparse.Namespace) -> int:
     poolers = args.poolers or [settings.pooler]
     companion = None if str(args.companion).lower() in ("none", "") else args.companion
     job = IndexJob(embedder, settings.data_dir, args.collection, poolers, source=source.describe(),
-                   companion=companion, commit_every=args.commit_every, batch_docs=args.batch_docs,
-                   factory=args.factory, storage_precision=args.storage_precision,
-                   token_factory=args.token_factory, dimensions=args.dimensions,
-                   normalize=not args.no_normalize, store_text=not args.no_text,
-                   progress=not args.no_progress, **settings.store())
+                   companion=companion, factory=args.factory, token_factory=args.token_factory,
+                   dimensions=args.dimensions, normalize=not args.no_normalize, store_text=not args.no_text,
+                   **job_options(args), **settings.store())
     with job:
         if args.engine == "ray":
             from embedpool.app.rayjob import run_on_ray

@@ -2,8 +2,8 @@
 the service.
 
 The corpus is indexed by :class:`app.indexing.IndexJob` (one forward pass per tokenization plan
-for every pooler; a ``mean`` (or ``fde``) companion when a multi-vector pooler is evaluated with
-``two_stage``) into collections in a temporary (or kept) folder; the queries are embedded once
+for every pooler; companion rows -- ``mean``, ``fde``, or their per-window forms -- kept by every
+multi-vector collection when one is evaluated with ``two_stage``) into collections in a temporary (or kept) folder; the queries are embedded once
 for all of them, each as its collection's manifest says (:mod:`app.retrieval`), and searched
 with :meth:`app.retrieval.Search.run` -- the code ``embedpool search`` and the HTTP route run.
 There is no second implementation of pooling or search here. Metrics and paired significance
@@ -131,10 +131,8 @@ def _check(poolers: list[str], modes) -> list[str]:
 
 def _searches(job: IndexJob, variants: list[Variant], model_dim: int, candidates: int,
               k_token: int) -> dict[str, Search]:
-    comp = job.targets[job.companion].coll if job.companion else None
     return {v.label: Search(job.targets[v.canonical].coll, model_dim, k=DEPTH,
-                            mode=v.mode if v.multi else "exhaustive", candidates=candidates, k_token=k_token,
-                            companion=comp if v.multi and v.mode == "two_stage" else None)
+                            mode=v.mode if v.multi else "exhaustive", candidates=candidates, k_token=k_token)
             for v in variants}
 
 
@@ -158,8 +156,7 @@ def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, emb
     st = search.collection.stats()
     bpd = float(st["bytes_per_doc"])
     enc_q = queries.seconds[search.query]
-    if search.companion is not None:
-        bpd += float(search.companion.stats()["bytes_per_doc"])
+    if search.companion_query is not None:  # bytes_per_doc of a multi-vector collection counts its companion rows
         enc_q += queries.seconds[search.companion_query]
     row = {"pooler": v.spec, "mode": v.mode if v.multi else None, "label": v.label,
            "kind": "multi" if v.multi else "single", "documents": st["documents"],
@@ -209,13 +206,16 @@ def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, e
 
 def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: list[str] = ("exhaustive",),
                        baseline: str | None = None, stat_test: str = "student", candidates: int = 100,
-                       companion: str = "mean", k_token: int = 32, index_dir: str | Path | None = None,
+                       companion: str = "auto", k_token: int = 32, index_dir: str | Path | None = None,
                        name: str = "eval",
-                       commit_every: int = 500, batch_docs: int = 256, storage_precision: str = "float32",
+                       commit_every: int = 500, storage_precision: str = "float32",
                        progress: bool = True, query_vectors: QueryVectors | None = None,
                        log: Callable[[str], None] | None = None, extra: dict | None = None,
-                       latency_queries: int = 32) -> dict[str, Any]:
+                       latency_queries: int = 32, **job_options: Any) -> dict[str, Any]:
     """Index ``data.corpus`` with every pooler, search every query, score with ranx.
+
+    ``job_options``: further :class:`app.indexing.IndexJob` settings (``batch_tokens``,
+    ``commit_bytes``, ``batch_docs``); the defaults bound the job's memory whatever the corpus.
 
     ``query_vectors``: queries embedded by an earlier call on the same queries (their ids must
     be ``data.qrels``'s), completed and reused here.
@@ -235,8 +235,7 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
         job = IndexJob(embedder, index_dir or tmp, name, list(dict.fromkeys(v.spec for v in variants)),
                        source={"eval": data.info, "documents": len(data.corpus)},
                        companion=companion if need_companion else None, commit_every=commit_every,
-                       batch_docs=batch_docs, storage_precision=storage_precision, progress=progress,
-                       log=log)
+                       storage_precision=storage_precision, progress=progress, log=log, **job_options)
         with job:
             t0 = time.perf_counter()
             summary = job.run(data.corpus, total=len(data.corpus))

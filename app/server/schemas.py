@@ -274,7 +274,13 @@ class CollectionCreate(Strict):
     normalized: StrictBool = True
     precision: Literal["float32", "float16", "int8"] = Field("float32", description="multi: token vector storage")
     token_factory: StrictStr = Field("HNSW32", max_length=256, description="multi: FAISS factory of the token ANN index")
-    companion: CollectionName | None = Field(None, description="multi: single-vector collection for `two_stage` search")
+    companion: PoolerSpec | None = Field(
+        None, description="multi: pooler of the companion vectors the collection keeps for `two_stage` candidates, "
+                          "written with every upsert and delete: `mean`, `fde:...`, a per-window form "
+                          "(`mean:per_window=true`: one row per window of a long document) or `auto` (a per-window "
+                          "mean for poolers that window long documents, else `mean`). Default: none")
+    companion_factory: StrictStr = Field("IDMap2,Flat", max_length=256,
+                                         description="multi: FAISS factory of the companion index")
 
 
 class CollectionInfo(BaseModel):
@@ -288,7 +294,13 @@ class CollectionInfo(BaseModel):
     factory: str
     precision: str
     token_factory: str
-    companion: str | None
+    companion: str | None = Field(None, description="a separate companion collection (collections made before "
+                                                      "collections kept their companion)")
+    companion_pooler: str | None = Field(None, description="pooler of the companion vectors the collection keeps")
+    companion_dim: int = 0
+    companion_rows: str = Field("document", description="`document` (one companion vector per document) or "
+                                                        "`window` (one per window)")
+    companion_factory: str = "IDMap2,Flat"
     encoder_precision: str | None = Field(None, description="encoder path the vectors were made with (recorded only)")
     documents: int
     created: str | None = None

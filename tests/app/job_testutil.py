@@ -69,6 +69,11 @@ def assert_same_collections(a: Path, b: Path, names: list[str], n: int, atol: fl
                 key = "vector" if "vector" in ga else "vectors"
                 assert ga[key].shape == gb[key].shape, (name, i)
                 np.testing.assert_allclose(gb[key], ga[key], rtol=0, atol=atol, err_msg=f"{name} {i}")
+                assert ("companion" in ga) == ("companion" in gb), (name, i)
+                if "companion" in ga:  # the companion rows the collection keeps
+                    assert ga["companion"].shape == gb["companion"].shape, (name, i)
+                    np.testing.assert_allclose(gb["companion"], ga["companion"], rtol=0, atol=atol,
+                                               err_msg=f"{name} {i} companion")
                 assert ga["text"] == gb["text"] and ga["metadata"] == gb["metadata"], (name, i)
 
 
@@ -87,3 +92,20 @@ def resume_in_process(args: list[str], embedder, monkeypatch, capsys, committed:
     summary = json.loads(out.out)
     assert summary["records"] == n and summary["indexed_this_run"] == n - committed
     return summary
+
+
+def long_corpus(path: Path, data_dir: Path, n_docs: int, parts: int, seed: int = 0) -> list:
+    """``n_docs`` long documents of ``parts`` SciFact abstracts each (``embedpool eval
+    --synthetic-long``'s builder: every document hides one relevant abstract among ``parts - 1``
+    others), written as JSON lines; the records."""
+    from embedpool.app.datasets import load_beir
+    from embedpool.app.evaluation.long import synthetic_long
+
+    data = synthetic_long(load_beir(data_dir / "scifact", "test"), parts - 1, n_queries=None, seed=seed,
+                          negatives=0)
+    recs = data.corpus[:n_docs]
+    assert len(recs) == n_docs
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps({"_id": r.id, "text": r.text}) + "\n")
+    return recs

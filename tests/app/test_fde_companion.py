@@ -1,7 +1,7 @@
-"""``--companion fde``: the index job makes a single-vector companion of MUVERA FDEs whose manifest
-records every FDE parameter; ``two_stage`` takes its candidates from it in FAISS Flat / HNSW / IVF
-and Milvus Lite HNSW / IVF with the same results; query FDEs made with other parameters are
-refused. The real model, FAISS on disk and Milvus Lite."""
+"""``--companion fde``: the index job makes every multi-vector collection keep companion rows of
+MUVERA FDEs, whose manifest records every FDE parameter; ``two_stage`` takes its candidates from
+an FDE companion in FAISS Flat / HNSW / IVF and Milvus Lite HNSW / IVF with the same results;
+query FDEs made with other parameters are refused. The real model, FAISS on disk and Milvus Lite."""
 
 from __future__ import annotations
 
@@ -31,14 +31,17 @@ def test_index_job_with_fde_companion_and_two_stage_search(embedder, data_dir, t
                   source=src.describe(), progress=False, batch_docs=8) as job:
         summary = job.run(src.records(), total=src.count())
     fde = embedder.pooler("fde")
-    kinds = {c["collection"]: (c["kind"], c["documents"]) for c in summary["collections"]}
-    assert kinds == {"sf": ("multi", 16), "sf-fde": ("single", 16)}
-    with open_collection(d, "sf-fde") as comp:  # the manifest pins every FDE parameter
-        assert comp.spec.pooler == fde.spec and "k_sim=" in comp.spec.pooler and "seed=" in comp.spec.pooler
-        assert comp.spec.dim == fde.output_dim(384) and comp.spec.factory == "HNSW32"
-        assert comp.manifest["pooler"] == fde.spec
-    with open_collection(d, "sf") as coll:
-        assert coll.spec.companion == "sf-fde"
+    kinds = {c["collection"]: (c["kind"], c["documents"], c["companion"]) for c in summary["collections"]}
+    assert kinds == {"sf": ("multi", 16, fde.spec)}  # no second collection: sf keeps its companion rows
+    with open_collection(d, "sf") as coll:  # the manifest pins every FDE parameter
+        spec = coll.spec
+        assert spec.companion_pooler == fde.spec and "k_sim=" in spec.companion_pooler and "seed=" in fde.spec
+        assert spec.companion_dim == fde.output_dim(384) and spec.companion_factory == "HNSW32"
+        assert (spec.companion_rows, spec.companion) == ("document", None)
+        assert coll.manifest["companion_pooler"] == fde.spec and coll.manifest["format_version"] == 2
+        assert coll.stats()["companion_rows"] == 16
+        np.testing.assert_allclose(coll.get(recs[3].id)["companion"][0],
+                                   embedder.embed([recs[3].text], [fde.spec]).vectors[fde.spec][0], atol=1e-5)
 
     monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
     assert cli.main(["search", "--data-dir", str(d), "--collection", "sf", "--query", recs[5].text,

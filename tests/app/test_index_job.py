@@ -73,9 +73,10 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     ref = tmp_path / "ref"
     _reference(embedder, corpus, ref)
     assert_same_collections(ref, killed, sorted(states), n, atol=2e-5)
-    # the multi-vector collection got the mean collection as its two_stage companion
+    # the multi-vector collection keeps mean companion rows for two_stage, written with its documents
     with Collection.open(killed, "sf-cluster-pool_factor-2") as c:
-        assert c.spec.companion == "sf-mean" and c.spec.kind == "multi"
+        assert (c.spec.companion_pooler, c.spec.companion_rows, c.spec.kind) == ("mean", "document", "multi")
+        assert c.stats()["companion_rows"] == n
 
     # a third run has nothing left to do
     assert cli.main(args + ["--json"]) == 0
@@ -211,7 +212,8 @@ def test_index_and_search_cli(embedder, data_dir, tmp_path, monkeypatch, capsys)
     assert cli.main(["index", str(corpus), "--data-dir", d, "--collection", "sf", "--pooler", "tokens",
                      "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "sf-mean" in out and "10 records" in out  # tokens + its mean companion
+    assert "10 records" in out and "sf-mean" not in out  # tokens, keeping its mean companion rows itself
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith("sf ")] == [["sf", "tokens", "mean"]]
     for mode in ("exhaustive", "two_stage", "tokens"):
         assert cli.main(["search", "--data-dir", d, "--collection", "sf", "--query", recs[3].text,
                          "--query", recs[7].text, "-k", "3", "--mode", mode]) == 0

@@ -29,8 +29,8 @@ def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatc
     assert cli.main(["index", str(corpus), *where, "--collection", "sf", "--pooler", "tokens",
                      "--commit-every", "5", "--batch-docs", "5", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "12 records" in out and "in Milvus at " + db in out and "sf-mean" in out
-    assert list_collections(d, backend="milvus", milvus_uri=db) == ["sf", "sf-mean"]
+    assert "12 records" in out and "in Milvus at " + db in out
+    assert list_collections(d, backend="milvus", milvus_uri=db) == ["sf"]  # it keeps its mean companion rows
     assert not (tmp_path / "data" / "sf").exists()  # no FAISS folder, no job file beside Milvus
     for mode in ("exhaustive", "two_stage", "tokens"):
         assert cli.main(["search", *where, "--collection", "sf", "--query", recs[3].text,
@@ -44,6 +44,7 @@ def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatc
     state = json.loads(coll.get_property(JOB_PROPERTY))
     assert state["committed_records"] == 12 and state["last_id"] == recs[-1].id
     assert len(coll) == 12 and coll.ids() == [r.id for r in recs]
+    assert (coll.spec.companion_pooler, coll.stats()["companion_rows"]) == ("mean", 12)
     coll.close()
     assert cli.main(["index", str(corpus), *where, "--collection", "sf", "--pooler", "tokens",
                      "--no-progress", "--json"]) == 0
@@ -59,4 +60,4 @@ def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatc
                   backend="milvus", milvus_uri=db) as job:
         s = job.run(src.records(), total=src.count())
     assert s["indexed_this_run"] == 12
-    assert {c["collection"]: c["documents"] for c in s["collections"]} == {"sf": 12, "sf-mean": 12}
+    assert {c["collection"]: (c["documents"], c["companion"]) for c in s["collections"]} == {"sf": (12, "mean")}

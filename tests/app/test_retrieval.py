@@ -5,7 +5,9 @@ and give the same hits.
 The case that split them: a two_stage search whose companion stores unnormalized vectors under
 the L2 metric with another pooler (``max``). The CLI reused the main collection's (normalized)
 query vectors for the companion whenever the dimensions matched, so its candidates -- and with a
-small ``candidates`` its hits -- differed from the server's."""
+small ``candidates`` its hits -- differed from the server's. That companion is a separate
+collection named in the spec (how collections were made before they kept their companion rows
+themselves: such collections keep working); ``agree-own`` keeps its ``max`` companion rows."""
 
 from __future__ import annotations
 
@@ -43,14 +45,20 @@ def collections(server):
     """On the test server: a tokens collection whose companion is ``max``-pooled, unnormalized,
     L2; and a single-vector collection of unnormalized mean vectors under L2."""
     docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
+    # the older kind: a companion collection named in the spec (POST /collections takes a pooler now)
+    open_collection(server.data_dir, "agree-mv", CollectionSpec(
+        kind="multi", model="sentence-transformers/all-MiniLM-L6-v2", pooler="tokens", dim=384,
+        companion="agree-comp")).close()
     with server.client() as client:
         for name, body in (("agree-comp", {"pooler": "max", "metric": "l2", "normalized": False}),
-                           ("agree-mv", {"pooler": "tokens", "companion": "agree-comp"}),
+                           ("agree-mv", None),
+                           ("agree-own", {"pooler": "tokens", "companion": "max"}),
                            ("agree-l2", {"pooler": "mean", "metric": "l2", "normalized": False})):
-            r = client.post("/collections", json={"name": name, **body})
-            assert r.status_code in (200, 201), r.text
+            if body is not None:
+                r = client.post("/collections", json={"name": name, **body})
+                assert r.status_code in (200, 201), r.text
             assert client.post(f"/collections/{name}/documents", json=docs).status_code == 200
-    return ["agree-mv", "agree-l2"]
+    return ["agree-mv", "agree-own", "agree-l2"]
 
 
 def _http(client, name: str, mode: str) -> list[list[str]]:
@@ -91,7 +99,7 @@ def _eval(server, embedder, name: str, mode: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("name,mode", [("agree-mv", "two_stage"), ("agree-mv", "exhaustive"),
-                                       ("agree-l2", "exhaustive")])
+                                       ("agree-own", "two_stage"), ("agree-l2", "exhaustive")])
 def test_http_cli_and_eval_give_the_same_hits(collections, server, client, embedder, monkeypatch, capsys,
                                               name, mode):
     http = _http(client, name, mode)
@@ -127,7 +135,7 @@ def test_two_stage_without_a_companion_is_an_input_error(collections, client, se
     r = client.post("/collections/agree-l2/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 200  # a single-vector collection has no candidate stage: mode is moot
     spec = CollectionSpec(kind="multi", pooler="tokens", dim=384)
-    with pytest.raises(retrieval.RetrievalError, match="has no companion collection"):
+    with pytest.raises(retrieval.RetrievalError, match="has no companion for two_stage"):
         retrieval.companion_name(spec, "two_stage", "lonely")
     with pytest.raises(retrieval.RetrievalError, match="unknown search mode"):
         retrieval.companion_name(spec, "fast", "lonely")

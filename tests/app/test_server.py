@@ -234,13 +234,12 @@ def test_collections_crud_and_search(client):
 
 
 def test_multi_vector_collection_two_stage(client):
-    assert client.post("/collections", json={"name": "mv-pooled"}).status_code == 201
     r = client.post("/collections", json={"name": "mv", "pooler": "tokens", "precision": "float16",
-                                          "companion": "mv-pooled"})
+                                          "companion": "mean"})
     assert r.status_code == 201, r.text
-    assert r.json()["kind"] == "multi"
-    for name in ("mv-pooled", "mv"):
-        assert client.post(f"/collections/{name}/documents", json=DOCS).status_code == 200
+    assert (r.json()["kind"], r.json()["companion_pooler"]) == ("multi", "mean")
+    assert client.post("/collections/mv/documents", json=DOCS).status_code == 200
+    assert client.get("/collections/mv").json()["stats"]["companion_rows"] == len(DOCS)
     for mode in ("exhaustive", "tokens", "two_stage"):
         r = client.post("/collections/mv/search", json={"query": "a kitten on a rug", "k": 2, "mode": mode})
         assert r.status_code == 200, (mode, r.text)

@@ -66,6 +66,25 @@ async def _open(collections: Collections, engine: Engine, name: str) -> index.Co
     return coll
 
 
+def _companion(engine: Engine, collections: Collections, spec: str, body: CollectionCreate,
+               dimensions: int | None) -> dict[str, Any]:
+    """The companion fields of a new multi-vector collection's spec (``body.companion``: a pooler)."""
+    if body.companion is None:
+        return {}
+    try:
+        cspec, _ = engine.pooler(body.companion, field="companion") if body.companion != retrieval.AUTO_COMPANION \
+            else (body.companion, None)
+    except Invalid:
+        if body.companion in collections.names():  # the older API named a companion collection
+            raise Invalid(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
+                          "vectors itself and writes them with every upsert: send the companion's pooler instead "
+                          "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
+        raise
+    cspec, rows = retrieval.resolve_companion(engine.embedder, spec, cspec)
+    return dict(companion_pooler=cspec, companion_rows=rows, companion_factory=body.companion_factory,
+                companion_dim=engine.embedder.output_dim(cspec, dimensions))
+
+
 # ---------------------------------------------------------------------- collections
 @router.post("", status_code=201, response_model=CollectionInfo,
              responses={200: {"model": CollectionInfo, "description": "it already existed with these settings"},
@@ -90,8 +109,8 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
-        token_factory=body.token_factory, companion=body.companion,
-        encoder_precision=getattr(engine.embedder.encoder, "precision", None))
+        token_factory=body.token_factory, encoder_precision=getattr(engine.embedder.encoder, "precision", None),
+        **_companion(engine, collections, spec_str, body, dimensions))
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
     return _info(coll.name, coll.manifest)
@@ -136,14 +155,17 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     texts = [d.text for d in docs]
     check_inputs(texts, engine.settings, "documents")
     coll = await _open(collections, engine, name)
-    emb = retrieval.collection_embedding(coll.spec, engine.embedder.dim, role="document")
-    engine.pooler(emb.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
-    out = await engine.embed(request, texts, [emb.pooler], **emb.options, field="documents")
-    vecs = out.vectors[emb.pooler]
-    vectors: Any = np.stack(vecs) if coll.spec.kind == "single" else vecs
-    await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs], vectors, texts,
-                            [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler)
-    return JSON({"upserted": len(docs), "documents": len(coll), "usage": {"tokens": out.tokens}})
+    own, comp = retrieval.document_embeddings(coll.spec, engine.embedder.dim)
+    wanted = [own] + ([comp] if comp else [])
+    for e in wanted:
+        engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
+    vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field="documents"), texts, wanted)
+    vecs = vectors[own]
+    await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs],
+                            np.stack(vecs) if coll.spec.kind == "single" else vecs, texts,
+                            [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler,
+                            companion=vectors[comp] if comp else None)
+    return JSON({"upserted": len(docs), "documents": len(coll), "usage": {"tokens": tokens}})
 
 
 @router.get("/{name}/documents/{doc_id:path}", response_model=DocumentOut, responses=E404)
@@ -183,7 +205,7 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
                             k_token=body.k_token, companion=comp)
     for e in plan.embeddings():
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
-    vectors, tokens = await retrieval.aembed_queries(partial(engine.embed, request, field=field), texts,
+    vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field=field), texts,
                                                      plan.embeddings())
     results = await run_in_threadpool(plan.run, vectors)
     hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
