@@ -1,28 +1,39 @@
 """Exact MaxSim (late interaction) scoring and token-vector quantization.
 
-Pure numpy, no I/O. Documents are stored as one contiguous ``[n_tokens, dim]`` array plus
-``offsets`` (``int64 [n_docs + 1]``, ``offsets[0] == 0``): document ``j`` owns the rows
-``offsets[j]:offsets[j + 1]``; every document has at least one row.
+No I/O (numpy; ONNX Runtime where installed: :mod:`index.kernels`). Documents are stored as
+one contiguous ``[n_tokens, dim]`` array plus ``offsets`` (``int64 [n_docs + 1]``,
+``offsets[0] == 0``): document ``j`` owns the rows ``offsets[j]:offsets[j + 1]``; every document
+has at least one row.
 
 MaxSim of a query ``Q [m, dim]`` and a document ``D [n, dim]`` is
 ``sum_i max_j <Q_i, D_j>``. :func:`maxsim_scores` computes it for a batch of queries against
-all documents with one matrix product per memory-bounded chunk of documents, a
-``np.maximum.reduceat`` over the document offsets and a ``np.add.reduceat`` over the query
-token offsets -- there is no Python loop over documents.
+all documents with one matrix product per cache-sized chunk of documents (a kernel of
+:mod:`index.kernels`, chosen for the CPU and the codes' precision; chunks run on worker threads
+where the kernel allows), a ``np.maximum.reduceat`` over the document offsets and a
+``np.add.reduceat`` over the query token offsets -- there is no Python loop over documents.
+The kernels score the stored codes (int8 with per-vector scales, float16, float32) as they are:
+int8 codes are multiplied as int8 by ONNX Runtime's MLAS where the CPU has AMX int8 tiles,
+float16 and int8 codes are otherwise cast chunk by chunk in cache; every kernel keeps
+float32 query math within float32 rounding (only the opt-in ``mlas-int8`` rounds the query to
+int8). ONNX Runtime is an optional, lazily imported accelerator of index/ (see
+:mod:`index.kernels`); without it the portable numpy/BLAS path runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from . import kernels
 from .errors import CorruptCollectionError, InvalidInputError
 
 PRECISIONS = ("float32", "float16", "int8")
 
-#: Per-chunk working-set bound of :func:`maxsim_scores` (similarity block + dequantized tokens).
-DEFAULT_CHUNK_BYTES = 1024 * 1024  # cache-sized blocks were fastest in bench measurements
+#: Per-chunk working-set bound of :func:`maxsim_scores` (per worker thread: the chunk's codes, their
+#: converted form, the similarity block). 4 MB per worker (two fill the 8 MB L3 of the bench CPU) was
+#: 5-20% faster than 1 MB for the MLAS kernels and level with 16 MB (bench/maxsim.py sweeps).
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -99,6 +110,7 @@ def maxsim_scores(
     *,
     doc_idx: np.ndarray | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    kernel: str | Callable[[np.ndarray, np.dtype], kernels.Prepared] = "auto",
 ) -> np.ndarray:
     """Exact MaxSim of every query against every document (or the documents ``doc_idx``).
 
@@ -109,8 +121,12 @@ def maxsim_scores(
         scales: per-token ``float32 [n_tokens]`` int8 scales, or ``None``.
         doc_idx: score only these documents (candidate reranking); their token rows are gathered
             chunk by chunk into a small buffer instead of being copied out all at once.
-        chunk_bytes: bound on the per-chunk working set; documents are processed in chunks
-            aligned to document boundaries (a single document larger than the bound is one chunk).
+        chunk_bytes: bound on the per-chunk working set (per worker thread); documents are
+            processed in chunks aligned to document boundaries (a single document larger than
+            the bound is one chunk).
+        kernel: ``auto`` (the kernel chosen for this CPU and precision: :func:`kernels.choose`),
+            a name of :data:`kernels.KERNELS`, or a callable ``(stacked query tokens [m, dim],
+            codes dtype) -> kernels.Prepared`` (another kernel through the same chunk loop).
 
     Returns:
         ``float32 [q, n_docs]`` (``[q, len(doc_idx)]`` with ``doc_idx``).
@@ -122,23 +138,23 @@ def maxsim_scores(
         doc_idx = np.asarray(doc_idx, dtype=np.int64)
         starts, lens = offsets[doc_idx], offsets[doc_idx + 1] - offsets[doc_idx]
     n_docs = len(starts)
+    name = kernel if callable(kernel) else kernels.resolve(kernel, np.dtype(vectors.dtype).name)
     if not len(queries):
         return np.zeros((0, n_docs), dtype=np.float32)
     q_all, q_starts = _stack_queries(queries)
     out = np.empty((len(queries), n_docs), dtype=np.float32)
     if n_docs == 0:
         return out
-    m, dim = q_all.shape
-    # tokens per chunk: similarity block [m, T] float32 + dequantized tokens [T, dim] float32
-    max_tokens = max(1, chunk_bytes // (4 * (m + dim)))
+    prep = name(q_all, vectors.dtype) if callable(name) else kernels.prepare(name, q_all, vectors.dtype)
+    dim = q_all.shape[1]
     local = np.zeros(n_docs + 1, dtype=np.int64)  # token offsets of the scored docs, end to end
     np.cumsum(lens, out=local[1:])
-    buf = None
-    a = 0
-    while a < n_docs:
-        # largest b with local[b] - local[a] <= max_tokens (at least one document)
-        b = int(np.searchsorted(local, local[a] + max_tokens, side="right")) - 1
-        b = min(max(b, a + 1), n_docs)
+    # chunks within the working-set bound, and at least one per worker where there are enough tokens
+    per_worker = -(-int(local[-1]) // prep.n_workers)
+    spans = _chunks(local, max(1, min(chunk_bytes // prep.bytes_per_token, per_worker)))
+
+    def score_span(span: tuple[int, int]) -> None:
+        a, b = span
         if doc_idx is None:
             t0, t1 = int(offsets[a]), int(offsets[b])
             block = vectors[t0:t1]
@@ -146,21 +162,35 @@ def maxsim_scores(
         else:  # gather the rows of docs a..b-1 into a reused buffer
             n_tok = int(local[b] - local[a])
             tok = np.repeat(starts[a:b] - (local[a:b] - local[a]), lens[a:b]) + np.arange(n_tok)
-            if buf is None or len(buf) < n_tok:
-                buf = np.empty((n_tok, dim), dtype=vectors.dtype)
-            block = np.take(vectors, tok, axis=0, out=buf[:n_tok])
+            block = np.take(vectors, tok, axis=0, out=kernels.scratch("gather", (n_tok, dim), vectors.dtype))
             sc = None if scales is None else scales[tok]
-        if block.dtype != np.float32:
-            block = block.astype(np.float32)
-        if sc is not None and m >= dim:
-            block = block * np.asarray(sc, dtype=np.float32)[:, None]
-        sim = q_all @ block.T  # [m, T]; reducing along the contiguous axis is much faster
-        if sc is not None and m < dim:  # cheaper to scale the [m, T] similarities
-            sim *= np.asarray(sc, dtype=np.float32)[None, :]
-        doc_max = np.maximum.reduceat(sim, local[a:b] - local[a], axis=1)  # [m, b - a]
+        if sc is not None:
+            sc = np.asarray(sc, dtype=np.float32)
+        sim = prep.score(block, sc)
+        bounds = local[a:b] - local[a]
+        if prep.tokens_axis == 1:  # [m, T] -> per-document maxima [m, b - a]
+            doc_max = np.maximum.reduceat(sim, bounds, axis=1)
+        else:  # [T, m] -> [b - a, m], seen as [m, b - a]
+            doc_max = np.maximum.reduceat(sim, bounds, axis=0).T
+        if prep.col_scale is not None:
+            doc_max *= prep.col_scale[:, None]
         out[:, a:b] = np.add.reduceat(doc_max, q_starts, axis=0)  # [q, b - a]
-        a = b
+
+    kernels.run_parallel(score_span, spans, prep.n_workers)
     return out
+
+
+def _chunks(local: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+    """Document ranges ``(a, b)`` of at most ``max_tokens`` tokens each (at least one document),
+    covering all ``len(local) - 1`` documents whose token offsets are ``local``."""
+    spans, a, n_docs = [], 0, len(local) - 1
+    while a < n_docs:
+        # largest b with local[b] - local[a] <= max_tokens (at least one document)
+        b = int(np.searchsorted(local, local[a] + max_tokens, side="right")) - 1
+        b = min(max(b, a + 1), n_docs)
+        spans.append((a, b))
+        a = b
+    return spans
 
 
 def gather_docs(
