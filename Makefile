@@ -45,7 +45,8 @@ embed: setup
 test: setup browser
 	$(BIN)/python -m pytest -q
 
-# minutes-long real-part checks (the long-document job's peak memory); CI runs them after `make test`
+# minutes-long real-part checks (the long-document job's peak memory, Ray SIGKILL-resume and
+# Milvus worker writes); CI runs them after `make test`
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 

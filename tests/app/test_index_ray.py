@@ -1,6 +1,7 @@
 """``embedpool index --engine ray``: the index job on a real local Ray (started here, 2 CPUs, a
 small object store): the same collections as the in-process job, resumable after SIGKILL of the
-driver, and a bad record fails the job by name with nothing after the last commit written."""
+driver, and a bad record fails the job by name with nothing after the last commit written.
+The SIGKILL and Milvus worker-write cases take minutes: they run in `make test-slow`."""
 
 from __future__ import annotations
 
@@ -88,12 +89,16 @@ def test_ray_two_workers_equal_the_in_process_job(ray_address, embedder, referen
     assert summary["records"] == summary["indexed_this_run"] == N_DOCS
     assert_same_collections(ref, tmp_path / "ray", NAMES, N_DOCS, atol=1e-6)
     with Collection.open(tmp_path / "ray", "sf-cluster-pool_factor-2") as c:
-        assert c.spec.kind == "multi" and c.spec.companion == "sf-mean"
+        # the multi-vector collection keeps its own mean rows (no sibling collection named as companion)
+        assert c.spec.kind == "multi" and c.spec.companion is None
+        assert (c.spec.companion_pooler, c.spec.companion_rows) == ("mean", "document")
+        assert c.stats()["companion_rows"] == N_DOCS
     # both workers embedded: each block's seconds were added to the job state
     assert all(r["encode_seconds"] > 0 for r in summary["collections"])
 
 
 # ------------------------------------------------------------------ kill -9 of the driver
+@pytest.mark.slow  # minutes on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embedder, reference, tmp_path,
                                                               monkeypatch, capsys):
     src, ref = reference
@@ -148,6 +153,7 @@ def test_a_bad_record_fails_the_job_by_name_and_nothing_after_the_last_commit_is
 
 
 # ------------------------------------------------------------------ Milvus: every worker writes its rows
+@pytest.mark.slow  # minutes on 2 cores: `make test-slow`
 def test_milvus_server_workers_write_their_own_rows(ray_address, embedder, reference, milvus_lite_server,
                                                    tmp_path):
     """A Milvus server takes concurrent writers: the workers upsert their blocks themselves, the
