@@ -104,8 +104,8 @@ class Collection(CollectionBase):
             create_folder(data_dir, name, spec)
         elif not (folder / MANIFEST).exists():
             raise NotACollectionError(
-                f"{folder} exists but is not an embedpool collection; choose another name or "
-                "remove that folder")
+                f"{name!r} exists in the data directory but is not an embedpool collection; choose another "
+                "name or remove that folder")
         return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
@@ -114,7 +114,8 @@ class Collection(CollectionBase):
         manifest = collection_manifest(data_dir, name)
         folder = Path(data_dir) / name
         if not (folder / DB_NAME).is_file():
-            raise NotACollectionError(f"{folder} has a manifest but no document store ({DB_NAME})")
+            raise NotACollectionError(f"collection {name!r} has a manifest but no document store ({DB_NAME}); "
+                                      "restore its folder from a backup, or delete it and index its documents again")
         return cls(Path(data_dir), name, manifest)
 
     @classmethod
@@ -175,8 +176,13 @@ class Collection(CollectionBase):
                 if attempt < 9 and any(not (self.folder / f).is_file() for f in needed):
                     time.sleep(0.05)
                     continue
+                # the message names the files, not the server's folders; FAISS's own (its C++
+                # source and the file's full path) stays in the chained exception, for the log
+                what = (f"its committed file(s) {e} are missing" if isinstance(e, FileNotFoundError)
+                        else f"its committed file(s) {', '.join(needed)} are damaged (FAISS cannot read them)")
                 raise CorruptCollectionError(
-                    f"collection {self.name!r}: cannot load committed file(s): {e}") from None
+                    f"collection {self.name!r} cannot be loaded: {what}; restore the collection's folder from "
+                    "a backup, or delete the collection and index its documents again") from e
             break
         self._vec = vec
         self._gen = int(gen)
@@ -191,7 +197,7 @@ class Collection(CollectionBase):
         """
         self._check_open()
         if not (self.folder / MANIFEST).is_file():
-            raise CollectionNotFoundError(f"collection {self.name!r} was deleted from {self.data_dir}")
+            raise CollectionNotFoundError(f"collection {self.name!r} was deleted")
         if int(self._probe.get_meta("generation", 0)) == self._gen:
             return False
         with self._wmutex:

@@ -37,8 +37,8 @@ def collection_manifest(data_dir: str | os.PathLike, name: str) -> dict[str, Any
     if not folder.is_dir():
         have = list_collections(data_dir)
         raise CollectionNotFoundError(
-            f"no collection {name!r} in {data_dir}"
-            + (f" (collections there: {', '.join(have)})" if have else " (it holds no collections)"))
+            f"no collection {name!r}"
+            + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
     return read_manifest(folder)
 
 
@@ -48,9 +48,10 @@ def delete_collection(data_dir: str | os.PathLike, name: str) -> None:
     data_dir = Path(data_dir)
     folder = data_dir / name
     if not folder.is_dir():
-        raise CollectionNotFoundError(f"no collection {name!r} in {data_dir}")
+        raise CollectionNotFoundError(f"no collection {name!r}")
     if not (folder / MANIFEST).is_file():
-        raise NotACollectionError(f"{folder} is not an embedpool collection; not deleting it")
+        raise NotACollectionError(f"{name!r} in the data directory is not an embedpool collection (no {MANIFEST}); "
+                                  "not deleting it")
     lock = FileLock(folder / LOCK_FILE)
     if not lock.try_acquire():
         raise CollectionLockedError(f"collection {name!r} has uncommitted writes in progress; "

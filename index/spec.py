@@ -204,13 +204,15 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
         raise NotACollectionError(
-            f"{folder} is not an embedpool collection (no {MANIFEST}); pass the data directory "
+            f"{folder.name!r} is not an embedpool collection (no {MANIFEST}); pass the data directory "
             "and a collection name, or create the collection first")
+    where = f"the manifest of collection {folder.name!r}"  # not the server's folders
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise NotACollectionError(f"{path} is not a readable collection manifest: {e}") from None
-    return parse_manifest(text, str(path))
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise NotACollectionError(f"{where} is not readable: {reason}") from None
+    return parse_manifest(text, where)
 
 
 def new_manifest(name: str, spec: CollectionSpec, created: str, **extra: Any) -> dict[str, Any]:

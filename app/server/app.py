@@ -12,7 +12,7 @@ from embedpool.app.server import errors
 from embedpool.app.server.auth import AuthMiddleware
 from embedpool.app.server.limits import BodyLimitMiddleware
 from embedpool.app.server.metrics import Metrics, MetricsMiddleware
-from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tokenize
+from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tei, tokenize
 from embedpool.app.server.state import Collections, Engine
 from embedpool.app.settings import Settings
 
@@ -21,10 +21,15 @@ log = logging.getLogger("embedpool.server")
 DESCRIPTION = """Embeddings from a frozen encoder with configurable token poolers, and vector
 collections to search them.
 
-Errors answer `{"error": message, "type": kind}` (OpenAI's shape under `/v1/`): 401
+Errors answer `{"error": message, "type": kind}` (OpenAI's shape under `/v1/`, TEI's
+`{"error", "error_type"}` under `/tei`): 401
 unauthorized, 404 not found, 409 conflict, 413 too large, 422 validation, 429 overloaded
 (`Retry-After`), 503 not ready. When the server has an API key, send `Authorization: Bearer <key>`
 (every route but `/health` and `/metrics`).
+
+A drop-in for text-embeddings-inference (TEI) clients lives under [`/tei`](#/tei): TEI's routes,
+shapes and status codes (base URL `http://host:port/tei`); Cohere-style rerank at `/v1/rerank`,
+OpenAI's model list at `/v1/models`.
 
 The pooler playground, a page that compares poolers on your texts or collections through this
 API, is at [`/playground/`](/playground/)."""
@@ -47,13 +52,13 @@ def create_app(settings: Settings | None = None, *, embedder: Any = None) -> Fas
             engine.stop()
             colls.close()
 
-    app = FastAPI(title="embedpool", version=_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="embedpool", version=health.version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.engine = engine
     app.state.collections = colls
     for router in (health.router, embed.router, openai.router, collections.router, rerank.router,
-                   tokenize.router):
+                   tokenize.router, tei.router):
         app.include_router(router)
     playground.mount(app)
     errors.install(app)
@@ -63,11 +68,3 @@ def create_app(settings: Settings | None = None, *, embedder: Any = None) -> Fas
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("embedpool")
-    except PackageNotFoundError:
-        return "0"

@@ -1,7 +1,7 @@
 """API-key authentication (``Authorization: Bearer <key>``) when ``api_key`` is set.
 
 The key is checked by :class:`AuthMiddleware` before the body is read, on every route but
-``/health``, ``/metrics``, the API docs (``/docs``, ``/redoc``, ``/openapi.json``: they hold no
+``/health``, ``/metrics`` (and TEI's ``/tei/health``, ``GET /tei``), the API docs (``/docs``, ``/redoc``, ``/openapi.json``: they hold no
 data, and Swagger UI's *Authorize* button needs the page to load) and the playground's static
 page (``/``, ``/playground/...``, which asks for the key). :func:`require_api_key` is the
 same check as a FastAPI dependency, so that the protected routes declare the Bearer scheme in
@@ -18,7 +18,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from embedpool.app.server.errors import Unauthorized, render
 
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/"})
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/",
+                          "/tei/health"})
+#: public for GET only: TEI's ``GET /`` is its health check, its ``POST /`` embeds (key needed)
+PUBLIC_GET_PATHS = frozenset({"/tei", "/tei/"})
 #: the playground's static files hold no data either (the page asks for the key to call the API)
 PUBLIC_PREFIXES = ("/playground",)
 
@@ -49,7 +52,8 @@ class AuthMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (scope["type"] == "http" and self.api_key and path not in PUBLIC_PATHS
-                and not path.startswith(PUBLIC_PREFIXES)):
+                and not path.startswith(PUBLIC_PREFIXES)
+                and not (scope.get("method") in ("GET", "HEAD") and path in PUBLIC_GET_PATHS)):
             header = None
             for k, v in scope.get("headers", ()):
                 if k == b"authorization":

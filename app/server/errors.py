@@ -7,7 +7,10 @@ connection before its answer was ready (499), and FastAPI's own request validati
 
 Every error response has the body ``{"error": message, "type": type}``; routes under ``/v1/``
 (the OpenAI-compatible API) answer OpenAI's shape ``{"error": {"message", "type", "param",
-"code"}}`` instead, with the same status code.
+"code"}}`` instead, with the same status code. Routes under ``/tei`` (the TEI-compatible surface,
+:mod:`app.server.routers.tei`) answer TEI's ``{"error": message, "error_type": type}`` (and, on
+its OpenAI route ``/tei/v1/embeddings``, TEI's ``{"message", "code", "type"}``) with TEI's type
+names and status codes (:data:`TEI_TYPES`, :func:`render`).
 
 =========  ===================  ==========================================================
 status     type                 when
@@ -135,8 +138,16 @@ class ClientClosed(APIError):
     http_status, http_type = 499, "client_closed"
 
 
+class EmptyInput(APIError):
+    """HTTP only, the TEI surface: an empty list of inputs (TEI's 400 ``Empty``; embedpool's own
+    routes refuse it in validation, a 422)."""
+
+    kind = Kind.INVALID
+    http_status, http_type = 400, "empty"
+
+
 #: The errors whose status is not their kind's (everything else follows ``TABLE``).
-HTTP_ONLY: tuple[type[APIError], ...] = (MethodNotAllowed, ClientClosed)
+HTTP_ONLY: tuple[type[APIError], ...] = (MethodNotAllowed, ClientClosed, EmptyInput)
 
 _KIND_OF_STATUS = {o.status: k for k, o in TABLE.items()}
 
@@ -259,17 +270,63 @@ OPENAI_TYPES: dict[Kind, str] = {
 }
 
 
+#: Where the TEI-compatible surface is mounted (:mod:`app.server.routers.tei`).
+TEI_PREFIX = "/tei"
+
+#: TEI's status and ``error_type`` of each kind on the TEI surface. TEI's own six types
+#: (``router/src/lib.rs``: Unhealthy 503, Backend 424, Overloaded 429, Validation 422,
+#: Tokenizer 422, Empty 400; TEI documents 413 ``Validation`` for a batch over its size) cover
+#: invalid, too large, overloaded and unavailable; an internal error is TEI's ``Backend``, 424,
+#: as TEI answers a failed inference. TEI has no type for the rest (it answers a wrong key with
+#: a bare 401, an unknown route with a bare 404): they keep their status and get a type in
+#: TEI's spelling.
+TEI_TYPES: dict[Kind, tuple[int, str]] = {
+    Kind.INVALID: (422, "Validation"),
+    Kind.TOO_LARGE: (413, "Validation"),
+    Kind.UNAUTHORIZED: (401, "Unauthorized"),
+    Kind.NOT_FOUND: (404, "NotFound"),
+    Kind.CONFLICT: (409, "Conflict"),
+    Kind.OVERLOADED: (429, "Overloaded"),
+    Kind.UNAVAILABLE: (503, "Unhealthy"),
+    Kind.INTERNAL: (424, "Backend"),
+}
+#: the HTTP-only errors' TEI types (their status is their own)
+_TEI_HTTP_TYPES = {"method_not_allowed": "MethodNotAllowed", "client_closed": "ClientClosed", "empty": "Empty"}
+
+
+def tei(err: APIError) -> tuple[int, str]:
+    """TEI's status and ``error_type`` for ``err``."""
+    if err.http_status is not None:
+        return err.http_status, _TEI_HTTP_TYPES[err.type]
+    return TEI_TYPES[err.kind]
+
+
+def _surface(path: str) -> str:
+    if path == TEI_PREFIX or path.startswith(TEI_PREFIX + "/"):
+        rest = path[len(TEI_PREFIX):]
+        return "tei-openai" if rest.startswith("/v1/") or rest == "/embeddings" else "tei"
+    return "openai" if path.startswith("/v1/") else "embedpool"
+
+
 def render(path: str, err: APIError) -> JSONResponse:
-    """The response for ``err`` on ``path`` (OpenAI shape under ``/v1/``)."""
+    """The response for ``err`` on ``path``: OpenAI's shape under ``/v1/``, TEI's under ``/tei``."""
     headers = dict(err.headers or {})
-    if err.status == 401:
+    status = err.status
+    if status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
-    if path.startswith("/v1/"):
+    surface = _surface(path)
+    if surface == "openai":
         body: dict[str, Any] = {"error": {"message": err.message, "type": OPENAI_TYPES[err.kind],
                                           "param": err.param, "code": err.type}}
+    elif surface == "tei":
+        status, kind = tei(err)
+        body = {"error": err.message, "error_type": kind}
+    elif surface == "tei-openai":
+        status, kind = tei(err)
+        body = {"message": err.message, "code": status, "type": kind}
     else:
         body = {"error": err.message, "type": err.type}
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _log(method: str, path: str, exc: BaseException, err: APIError) -> None:

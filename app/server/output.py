@@ -41,10 +41,12 @@ def output_ranges(precision: str, ranges: list[list[float]] | None, *, normalize
                           f"ranges=[[min per dimension...], [max per dimension...]] with {dim} values each",
                           param="ranges")
         return unit_ranges(dim)
-    arr = np.asarray(ranges, dtype=np.float64)
-    if arr.shape != (2, dim):
+    lengths = [len(r) for r in ranges]
+    if lengths != [dim, dim]:  # checked before numpy sees it: a ragged list is no array
         raise Invalid(f"ranges: expected 2 lists of {dim} numbers (the minimum, then the maximum, of each "
-                      f"output dimension), got shape {list(arr.shape)}", param="ranges")
+                      f"output dimension), got {len(lengths)} lists of {', '.join(map(str, lengths))} numbers",
+                      param="ranges")
+    arr = np.asarray(ranges, dtype=np.float64)
     if not np.isfinite(arr).all() or (arr[1] < arr[0]).any():
         raise Invalid("ranges: every value must be finite, and each maximum at least its minimum",
                       param="ranges")

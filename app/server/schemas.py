@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -256,6 +257,152 @@ class TokenizeWindows(BaseModel):
     plan: str = Field(..., description="`standard` (truncated), `windowed` or `landmark:g=N`")
     tokens: list[list[SimpleToken]]
     windows: list[list[TokenWindow]] = Field(..., description="per input, its windows in order")
+
+
+# ---------------------------------------------------------------------- the TEI surface (/tei)
+class TEIRequest(BaseModel):
+    """TEI's requests ignore unknown fields (serde's default), so ours do too."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+#: TEI takes a text or a list of texts; an empty list is TEI's 400 ``Empty``, answered by the
+#: route (token-id inputs are not supported: a 422).
+TEIInputs = Annotated[Text | list[Text], Field(description="a text or a list of texts (token ids are not "
+                                                           "supported)", examples=["What is Deep Learning?"])]
+TEITruncate = Annotated[StrictBool | None, Field(
+    None, description="cut inputs at the model's window (null: the server's `auto_truncate`, true as in TEI); "
+                      "false: an input over the window is a 422")]
+#: TEI accepts `Left` / `Right` in either case
+TEITruncationDirection = Annotated[TruncationDirection, BeforeValidator(
+    lambda v: v.lower() if isinstance(v, str) and v in ("Left", "Right") else v)]
+TEIPromptName = Annotated[StrictStr | None, Field(None, max_length=256,
+                                                  description="the model's prompt of this name")]
+
+
+class TEIEmbedRequest(TEIRequest):
+    inputs: TEIInputs
+    truncate: TEITruncate = None
+    truncation_direction: TEITruncationDirection = "right"
+    prompt_name: TEIPromptName = None
+    normalize: StrictBool = True
+    dimensions: StrictInt | None = Field(None, ge=0, description="Matryoshka: keep the first N dimensions "
+                                                                 "(0 is TEI's 422)")
+    pooler: PoolerSpec | None = Field(None, description="embedpool extension: a single-vector pooler (default: "
+                                                        "the server's)")
+
+
+class TEIEmbedAllRequest(TEIRequest):
+    inputs: TEIInputs
+    truncate: TEITruncate = None
+    truncation_direction: TEITruncationDirection = "right"
+    prompt_name: TEIPromptName = None
+    pooler: PoolerSpec | None = Field(None, description="embedpool extension: a multi-vector pooler (default "
+                                                        "`tokens`: every token's vector, L2-normalized; e.g. "
+                                                        "`cluster:pool_factor=2`)")
+
+
+class TEIRerankRequest(TEIRequest):
+    query: Text = Field(..., examples=["What is Deep Learning?"])
+    texts: list[Text] = Field(..., examples=[["Deep Learning is ..."]])
+    truncate: TEITruncate = None
+    truncation_direction: TEITruncationDirection = "right"
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+    pooler: PoolerSpec | None = Field(None, description="embedpool extension, as on POST /rerank (default "
+                                                        "`tokens`: MaxSim)")
+
+
+class TEITokenizeRequest(TEIRequest):
+    inputs: TEIInputs
+    add_special_tokens: StrictBool = True
+    prompt_name: TEIPromptName = None
+
+
+class TEIError(BaseModel):
+    error: str
+    error_type: str = Field(..., description="TEI's type: `Validation`, `Empty`, `Overloaded`, `Unhealthy`, "
+                                             "`Backend`; embedpool adds `Unauthorized`, `NotFound`, ...")
+
+
+class TEIEmbeddingModel(BaseModel):
+    pooling: str
+
+
+class TEIModelType(BaseModel):
+    embedding: TEIEmbeddingModel
+
+
+class TEIInfo(BaseModel):
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    served_model_name: str
+    model_type: TEIModelType
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None = None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
+
+
+# ---------------------------------------------------------------------- /v1/rerank (Cohere, Jina, Infinity)
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    text: Text
+
+
+class CohereRerankRequest(BaseModel):
+    """Cohere's rerank request (v1 and v2; Jina's and Infinity's are the same). Unknown fields
+    (``max_tokens_per_doc``, ``rank_fields``, ``priority``, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query: Text = Field(..., examples=["What is deep learning?"])
+    documents: Annotated[list[Text | RerankDocument], AfterValidator(_at_least_one)] = Field(
+        ..., description="strings or `{\"text\": ...}` objects",
+        examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
+    model: StrictStr | None = Field(None, description="accepted for compatibility; the server's model answers")
+    top_n: StrictInt | None = Field(None, ge=1, description="answer the best N (default: all)")
+    return_documents: StrictBool | None = Field(False, description="include each document as `{\"text\": ...}`")
+    pooler: PoolerSpec | None = Field(None, description="extension, as on POST /rerank (default `tokens`: MaxSim)")
+
+    @property
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class CohereRerankResult(BaseModel):
+    index: int = Field(..., description="position of the document in the request")
+    relevance_score: float = Field(..., description="MaxSim (mean over query vectors) or cosine, as POST /rerank")
+    document: RerankDocument | None = Field(None, description="with `return_documents`")
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[CohereRerankResult] = Field(..., description="best first")
+    usage: OpenAIUsage
+
+
+# ---------------------------------------------------------------------- /v1/models
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(..., description="the served model's id (an alias names it here)")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 # ---------------------------------------------------------------------- collections

@@ -44,6 +44,7 @@ class Engine:
         self.batcher: Batcher | None = None
         self.error: str | None = None
         self.load_seconds: float | None = None
+        self.loaded_at: int | None = None  # Unix time the model became ready (``created`` of /v1/models)
         self._thread: threading.Thread | None = None
         self._default_pooler: str | None = None
         self.rerank_cache = VectorCache(settings.rerank_cache_mb * 2**20)
@@ -81,6 +82,7 @@ class Engine:
 
     def _ready(self) -> None:
         s = self.settings
+        self.loaded_at = int(time.time())
         self._default_pooler = self.embedder.canonical(s.pooler)
         self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
                                max_wait_ms=s.max_wait_ms, observer=self.metrics,

@@ -84,7 +84,7 @@ def _drop(conn: Connection, name: str) -> None:
     with ClientPool.write_lock(conn, mname), conn.errors(f"dropping collection {name!r}"):
         client = conn.client()
         if not client.has_collection(mname):
-            raise CollectionNotFoundError(f"no collection {name!r} in Milvus at {conn.uri}")
+            raise CollectionNotFoundError(f"no collection {name!r} in Milvus")
         if MANIFEST_KEY not in (client.describe_collection(mname).get("properties") or {}):
             raise NotACollectionError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")

@@ -88,8 +88,8 @@ def read_manifest(conn: Connection, name: str) -> dict[str, Any]:
         if not client.has_collection(mname):
             have = sorted(n for n in map(embedpool_name, client.list_collections()) if n)
             raise CollectionNotFoundError(
-                f"no collection {name!r} in Milvus at {conn.uri}"
-                + (f" (collections there: {', '.join(have)})" if have else " (it holds no collections)"))
+                f"no collection {name!r} in Milvus"
+                + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
         props = client.describe_collection(mname).get("properties") or {}
     if MANIFEST_KEY not in props:
         raise NotACollectionError(

@@ -13,6 +13,7 @@ with a query prompt in its config.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -268,3 +269,38 @@ def milvus_lite_server(tmp_path_factory):
     srv = MilvusLiteServer(base / "lite.db", base / "milvus.log").start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def loopback_only(monkeypatch, tmp_path):
+    """Refuse (and record) any name lookup or connection that is not for loopback."""
+    attempts: list[object] = []
+    real_connect, real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def local(host) -> bool:
+        if isinstance(host, bytes):
+            host = host.decode()
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host == "localhost"
+
+    def connect(self, address):
+        if isinstance(address, tuple) and not local(address[0]):
+            attempts.append(address)
+            raise OSError(f"test: no network beyond loopback (tried {address!r})")
+        return real_connect(self, address)
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host is not None and not local(host):
+            attempts.append(host)
+            raise socket.gaierror(f"test: no network beyond loopback (looked up {host!r})")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))  # empty: a download would show
+    for var in ("LANGSMITH_TRACING", "LANGCHAIN_TRACING_V2", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    yield attempts
+    assert not attempts, f"something tried to reach the network: {attempts}"

@@ -189,10 +189,18 @@ def test_api_errors_take_status_and_type_from_the_table():
         assert (e.kind, e.status, e.status_code, e.type) == (kind, TABLE[kind].status, TABLE[kind].status, TABLE[kind].type)
     assert set(http_errors.OPENAI_TYPES) == set(Kind)
     assert {c: c("m").status for c in http_errors.HTTP_ONLY} == {http_errors.MethodNotAllowed: 405,
-                                                                 http_errors.ClientClosed: 499}
+                                                                 http_errors.ClientClosed: 499,
+                                                                 http_errors.EmptyInput: 400}
+    # the TEI surface: every kind and HTTP-only error has TEI's status and type (TEI's Backend 424 for a bug)
+    assert set(http_errors.TEI_TYPES) == set(Kind)
+    assert {c: http_errors.tei(c("m")) for c in http_errors.HTTP_ONLY}[http_errors.EmptyInput] == (400, "Empty")
+    assert http_errors.tei(http_errors.Internal("m")) == (424, "Backend")
     from embedpool.app.batcher import Overloaded, Stopped
 
     busy = http_errors.from_exception(Overloaded("queue full", retry_after=3))
     assert (busy.status, busy.headers["Retry-After"]) == (429, "3")
     assert http_errors.from_exception(Stopped()).status == 503
     assert json.loads(http_errors.render("/x", busy).body) == {"error": "queue full", "type": "overloaded"}
+    assert json.loads(http_errors.render("/tei/embed", busy).body) == {"error": "queue full", "error_type": "Overloaded"}
+    assert json.loads(http_errors.render("/tei/v1/embeddings", busy).body) == {
+        "message": "queue full", "code": 429, "type": "Overloaded"}

@@ -132,12 +132,15 @@ PROTECTED = [("GET", "/info", None), ("POST", "/embed", {"inputs": "x"}),
              ("POST", "/collections", {"name": "authc"}), ("GET", "/collections/authc", None),
              ("DELETE", "/collections/authc", None), ("POST", "/collections/authc/documents", [{"id": "a", "text": "t"}]),
              ("GET", "/collections/authc/documents/a", None), ("DELETE", "/collections/authc/documents/a", None),
-             ("POST", "/collections/authc/search", {"query": "x"}), ("GET", "/not-a-route", None)]
+             ("POST", "/collections/authc/search", {"query": "x"}), ("GET", "/not-a-route", None),
+             ("POST", "/v1/rerank", {"query": "q", "documents": ["x"]}), ("GET", "/v1/models", None),
+             ("POST", "/tei", {"inputs": "x"}), ("POST", "/tei/embed", {"inputs": "x"}), ("GET", "/tei/info", None),
+             ("POST", "/tei/v1/embeddings", {"input": "x"})]
 
 
 def test_auth_on(limited_server):
     with limited_server.client(auth=False) as anon, limited_server.client() as authed:
-        for path in ("/health", "/metrics", "/docs", "/openapi.json"):
+        for path in ("/health", "/metrics", "/docs", "/openapi.json", "/tei/health", "/tei"):
             assert anon.get(path).status_code == 200, path
         for method, path, body in PROTECTED:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"}):
@@ -146,6 +149,10 @@ def test_auth_on(limited_server):
                 assert r.headers["www-authenticate"] == "Bearer"
                 if path.startswith("/v1/"):
                     assert r.json()["error"]["type"] == "authentication_error"
+                elif path.startswith("/tei/v1/"):  # TEI's OpenAI error shape
+                    assert r.json()["type"] == "Unauthorized" and r.json()["code"] == 401
+                elif path.startswith("/tei"):  # TEI's error shape
+                    assert r.json()["error_type"] == "Unauthorized"
                 else:
                     assert r.json()["type"] == "unauthorized"
         # ... and bad JSON from a client without the key is still a 401 (checked before the body)

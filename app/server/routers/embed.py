@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from embedpool.app.batcher import EmbedOutput
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
+from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.output import encode_vectors, output_ranges
 from embedpool.app.server.responses import JSON
@@ -60,3 +62,27 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
                  "results": [{"pooler": spec, "multi_vector": multi, "embeddings": codes(spec)}
                              for spec, multi in resolved],
                  "usage": usage})
+
+
+async def embed_with(engine: Engine, request: Request, texts: list[str], pooler: str | None, *,
+                     multi: bool, alternative: str, field: str = "inputs", role: str = "document",
+                     normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
+                     prompt_name: str | None = None, truncation_direction: str = "right") -> tuple[str, EmbedOutput]:
+    """``(canonical spec, output)`` of ``texts`` embedded with one pooler, which must be
+    multi-vector or not as ``multi`` says (a 422 naming ``alternative``, the route that takes
+    the other kind, if not): the checks and the embedding of ``/v1/embeddings`` and TEI's
+    ``/tei/embed`` and ``/tei/embed_all``."""
+    check_inputs(texts, engine.settings, field)
+    spec, is_multi = engine.pooler(pooler)
+    if is_multi and not multi:
+        raise Invalid(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
+                      f"cannot carry; {alternative}", param="pooler")
+    if multi and not is_multi:
+        raise Invalid(f"pooler: {spec!r} gives one vector per input, and this route answers a list of vectors "
+                      f"per input: send a multi-vector pooler (tokens, cluster), or {alternative}", param="pooler")
+    engine.check_dimensions(dimensions)
+    engine.check_prompt(prompt_name)
+    out = await engine.embed(request, texts, [spec], role=role, normalize=normalize, dimensions=dimensions,
+                             truncate=truncate, prompt_name=prompt_name, truncation_direction=truncation_direction,
+                             field=field)
+    return spec, out

@@ -43,7 +43,7 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
                for name, cls in sorted(REGISTRY.items())]
     return Info(
         status=engine.status,
-        version=_version(),
+        version=version(),
         model=emb.model_id if emb else s.model,
         dim=emb.dim if emb else None,
         max_length=emb.encoder.max_length if emb else None,
@@ -67,7 +67,8 @@ def _cpu() -> str:
     return cpu_features().summary()
 
 
-def _version() -> str:
+def version() -> str:
+    """embedpool's installed version (``unknown`` when it is not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

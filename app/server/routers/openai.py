@@ -1,16 +1,17 @@
-"""``POST /v1/embeddings``: OpenAI-compatible request, response and error shapes."""
+"""``POST /v1/embeddings`` and ``GET /v1/models``: OpenAI-compatible request, response and error
+shapes (``POST /v1/rerank``, Cohere's shape, is in :mod:`.rerank`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
-from embedpool.app.server.limits import check_inputs
+from embedpool.app.server.errors import Invalid, NotFound
 from embedpool.app.server.output import encode_vectors, output_ranges
 from embedpool.app.server.responses import JSON
-from embedpool.app.server.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from embedpool.app.server.routers.embed import embed_with
+from embedpool.app.server.schemas import ModelCard, ModelList, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from embedpool.app.server.state import Engine
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_api_key)])
@@ -28,20 +29,16 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request,
     model's query prompt); `precision` / `ranges` as on `/embed` (with `encoding_format: float`:
     OpenAI clients decode base64 as float32)."""
     texts = [body.input] if isinstance(body.input, str) else body.input
-    check_inputs(texts, engine.settings, "input")
-    spec, multi = engine.pooler(body.pooler)
-    if multi:
-        raise Invalid(f"pooler: {spec!r} gives several vectors per input, which the OpenAI format "
-                      "cannot carry; use POST /embed", param="pooler")
-    engine.check_dimensions(body.dimensions)
     if body.encoding_format == "base64" and body.precision != "float32":
         raise Invalid(f"encoding_format: base64 on /v1/embeddings carries float32 only (OpenAI clients decode it "
                       f"as float32); for precision {body.precision!r} send encoding_format 'float' (the OpenAI SDK: "
                       "encoding_format='float'), or use POST /embed, whose base64 carries any precision",
                       param="encoding_format")
+    engine.check_dimensions(body.dimensions)
     ranges = output_ranges(body.precision, body.ranges, normalize=True, dim=body.dimensions or engine.embedder.dim)
-    out = await engine.embed(request, texts, [spec], role=body.embed_role, normalize=True,
-                             dimensions=body.dimensions, truncate=True, field="input")
+    spec, out = await embed_with(engine, request, texts, body.pooler, multi=False, field="input",
+                                 alternative="the OpenAI format has one vector per input: use POST /embed",
+                                 role=body.embed_role, dimensions=body.dimensions)
     items = encode_vectors(out.vectors[spec], body.precision, body.encoding_format, ranges)
     return JSON({
         "object": "list",
@@ -49,3 +46,32 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request,
         "model": engine.embedder.model_id,
         "usage": {"prompt_tokens": out.tokens, "total_tokens": out.tokens},
     })
+
+
+def _models(engine: Engine) -> list[dict]:
+    """The served model, then each of its aliases, as OpenAI's model objects."""
+    from embedpool.poolers.encoder import model_aliases
+
+    model_id = engine.require().model_id
+    return [{"id": name, "object": "model", "created": engine.loaded_at or 0, "owned_by": "embedpool",
+             "root": model_id} for name in [model_id, *model_aliases(model_id)]]
+
+
+@router.get("/v1/models", response_model=ModelList, responses={s: ERROR for s in (401, 503)})
+async def models(engine: Engine = Depends(get_engine)) -> JSON:
+    """The served model and its aliases (each an entry whose `root` is the served model's id);
+    any of them may be sent as `model`."""
+    return JSON({"object": "list", "data": _models(engine)})
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={s: ERROR for s in (401, 404, 503)})
+async def model(model_id: str = Path(..., max_length=512, description="a model id or alias"),
+                engine: Engine = Depends(get_engine)) -> JSON:
+    """One entry of `GET /v1/models`; 404 (OpenAI's error shape) for a model this server does not serve."""
+    cards = _models(engine)
+    for card in cards:
+        if card["id"] == model_id:
+            return JSON(card)
+    also = f" (also named {', '.join(repr(c['id']) for c in cards[1:])})" if cards[1:] else ""
+    raise NotFound(f"model {model_id!r} is not served here; this server serves {cards[0]['id']!r}{also}; "
+                   "GET /v1/models lists them", param="model")

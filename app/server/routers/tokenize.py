@@ -37,22 +37,36 @@ async def tokenize(body: TokenizeRequest, engine: Engine = Depends(get_engine)) 
     (`ids` as the model sees them, `tokens` [first, end) of the token list, `start`/`stop`
     characters of the input, landmark positions)."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    spec, plan, tokens, windows = await token_lists(
+        engine, texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name, role=body.role,
+        pooler=body.pooler, truncation_direction=body.truncation_direction)
+    if plan is None:
+        return JSON(tokens)
+    return JSON({"pooler": spec, "plan": plan.key, "tokens": tokens, "windows": windows})
+
+
+async def token_lists(engine: Engine, texts: list[str], *, add_special_tokens: bool = True,
+                      prompt_name: str | None = None, role: str | None = None, pooler: str | None = None,
+                      truncation_direction: str = "right") -> tuple[str | None, Any, list, list]:
+    """``(pooler spec, plan, token lists, windows)`` of ``texts``, with the limits checked: the
+    work of ``/tokenize`` and TEI's ``/tei/tokenize`` (no pooler: no plan and no windows)."""
     check_inputs(texts, engine.settings, "inputs")
     engine.require()
-    engine.check_prompt(body.prompt_name)
-    plan = None
-    if body.pooler is not None:
-        spec, _ = engine.pooler(body.pooler)
+    engine.check_prompt(prompt_name)
+    spec = plan = None
+    if pooler is not None:
+        spec, _ = engine.pooler(pooler)
         plan = engine.embedder.pooler(spec).plan
-    answer = await run_in_threadpool(_tokenize, engine.embedder.encoder, texts, body, plan, engine.settings)
-    if plan is None:
-        return JSON(answer[0])
-    return JSON({"pooler": spec, "plan": plan.key, "tokens": answer[0], "windows": answer[1]})
+    tokens, windows = await run_in_threadpool(
+        _tokenize, engine.embedder.encoder, texts, engine.settings, plan, add_special_tokens=add_special_tokens,
+        prompt_name=prompt_name, role=role, truncation_direction=truncation_direction)
+    return spec, plan, tokens, windows
 
 
-def _tokenize(encoder: Any, texts: list[str], body: TokenizeRequest, plan: Any, settings: Any) -> tuple[list, list]:
-    prompt = encoder.prompt_for(body.role, body.prompt_name)
-    enc = encoder.run_tokenizer([prompt + t for t in texts], add_special_tokens=body.add_special_tokens,
+def _tokenize(encoder: Any, texts: list[str], settings: Any, plan: Any, *, add_special_tokens: bool,
+              prompt_name: str | None, role: str | None, truncation_direction: str) -> tuple[list, list]:
+    prompt = encoder.prompt_for(role, prompt_name)
+    enc = encoder.run_tokenizer([prompt + t for t in texts], add_special_tokens=add_special_tokens,
                                 return_offsets_mapping=True, return_special_tokens_mask=True,
                                 return_attention_mask=False, return_token_type_ids=False, verbose=False)
     # the answer holds an object per token: bounded like the tokens an embedding may run
@@ -63,8 +77,8 @@ def _tokenize(encoder: Any, texts: list[str], body: TokenizeRequest, plan: Any, 
     if plan is None:
         return _public(tokens), []
     try:
-        rows = encoder.windows(texts, plan, body.role, truncate=True, prompt_name=body.prompt_name,
-                               truncation_direction=body.truncation_direction)
+        rows = encoder.windows(texts, plan, role, truncate=True, prompt_name=prompt_name,
+                               truncation_direction=truncation_direction)
     except ValueError as exc:
         raise Invalid(f"pooler: {exc}", param="pooler") from None
     windows = []
