@@ -24,9 +24,9 @@ tokens; ``maxsim_scores`` reduces it (max per document, sum per query). The kern
 
 ``auto`` (:func:`choose`): ``mlas-int8x3`` for int8 codes on AMX CPUs; ``mlas-f32`` on every other
 AVX2 or AVX-512 CPU (on AVX2 int8 products are no faster than float32 FMAs, and VNNI alone does not
-clearly pay for three query codes); ``numpy`` without AVX2 or without ONNX Runtime. Only the AVX2
-figures are measured (AMD EPYC Zen 1); the AMX and VNNI decisions follow the instruction rates and
-are for ``bench/maxsim.py`` to confirm on such a machine (README "MaxSim kernels").
+pay for three query codes); ``numpy`` without AVX2 or without ONNX Runtime. Measured on AVX2 (AMD
+EPYC Zen 1) and AVX-512 VNNI/BF16 without AMX (Xeon); the AMX decision follows the instruction
+rates and is for ``bench/maxsim.py`` to confirm on such a machine (README "MaxSim kernels").
 
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
 decision by injecting flags; :func:`cpu_features` reads the real ones (``/proc/cpuinfo`` and,
@@ -125,8 +125,9 @@ def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
                                "pays for three int8 query codes (float32 query accuracy). Not measured: no AMX "
                                "machine here (bench/maxsim.py)")
     if precision == "int8" and units:
-        why = (f"{units} without AMX: int8 MACs at 2-4x the float32 FMA rate do not clearly pay for three "
-               "int8 query codes (the accurate int8 kernel); MLAS sgemm on cast chunks (not measured on VNNI)")
+        why = (f"{units} without AMX: int8 MACs at 2-4x the float32 FMA rate do not pay for three int8 query "
+               "codes (the accurate int8 kernel); MLAS sgemm on cast chunks measured fastest at float32 "
+               "accuracy on an AVX-512 VNNI Xeon (bench/maxsim.py: 572 vs 652 ms per query over 1 GB)")
     elif precision == "int8":
         why = ("no VNNI/AMX: int8 products (vpmaddwd) and float32 FMAs both do 8 multiply-adds per cycle per "
                "core (AVX2, Zen 1), so int8 saves no arithmetic; MLAS sgemm on cast chunks measured "
