@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-pytest.importorskip("milvus_lite")
+import milvus_lite  # noqa: F401 -- a dependency: if it is missing these tests must fail, not vanish
 
 from embedpool.app.datasets import CorpusSource  # noqa: E402
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob  # noqa: E402

@@ -16,7 +16,7 @@ from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError
 from embedpool.index import Collection, open_collection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
-ray = pytest.importorskip("ray")
+import ray  # a dependency (--engine ray): if it is missing these tests must fail, not vanish
 
 POOLERS = ["mean", "cluster:pool_factor=2"]  # a single-vector and a multi-vector pooler
 NAMES = ["sf-mean", "sf-cluster-pool_factor-2"]

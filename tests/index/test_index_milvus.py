@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("pymilvus")
-pytest.importorskip("milvus_lite")
+import milvus_lite  # noqa: F401 -- dependencies: if one is missing these tests must fail, not vanish
+import pymilvus  # noqa: F401
 
 from embedpool.index import (  # noqa: E402
     BackendError,
