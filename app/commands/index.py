@@ -9,6 +9,7 @@ import sys
 
 from embedpool.app.commands.common import add_job_args, command, job_options
 from embedpool.app.settings import from_args, load_embedder
+from embedpool.errors import require
 
 
 def register(sub) -> None:
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         from embedpool.app.cli import UsageError
 
         raise UsageError("--ray-address, --workers and --worker-threads apply to --engine ray only")
+    if args.engine == "ray":  # before the model loads
+        require("ray", "ray", "--engine ray")
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from embedpool.errors import require
+
 
 def plot_report(report: dict, path: str | Path) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "eval", "--plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
