@@ -36,8 +36,12 @@ def min_training_vectors(factory: str) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Inverted lists probed per query: 1/16 of them, at least 8 (all of them if fewer)."""
-    return min(nlist, max(8, nlist // 16))
+    """Inverted lists probed per query: 1/4 of them, at least 8 (all of them if fewer).
+
+    Measured (bench/million.py, MiniLM ``mean`` vectors, 100k documents, IVF1024): recall@100
+    against exact search 0.92 at 1/16 of the lists, 0.96 at 1/8, 0.98 at 1/4 (1.5 ms a query
+    with SQ8 codes); two_stage search takes its 100 candidates from it."""
+    return min(nlist, max(8, nlist // 4))
 
 
 def recommended_training_vectors(factory: str) -> int:
@@ -145,7 +149,7 @@ class SingleStore(VectorStore):
             self.dead.update(ids.tolist())
             self._dead_arr = None
 
-    def compacted(self) -> "SingleStore | None":
+    def compacted(self, folder: Path | None = None) -> "SingleStore | None":
         return self.rebuilt() if self.dead else None
 
     # ---- reads --------------------------------------------------------------------------
