@@ -163,7 +163,8 @@ def build(args) -> int:
         if bt.start < start:  # appending: the documents it has are the first ones
             continue
         buf_ids += bt.ids
-        buf_docs += bt.docs
+        if args.layout == "multi":
+            buf_docs += bt.docs
         buf_comp.append(bt.companion)
         if sum(map(len, buf_comp)) < train:
             continue

@@ -373,7 +373,7 @@ class Collection(CollectionBase):
             self._check_open()
             self._begin_write()
             with self._rw.write():
-                new = self._vec.compacted()
+                new = self._vec.compacted(self.folder)
                 if new is not None:
                     self._vec = new
                     self._dirty = True
