@@ -41,10 +41,11 @@ def check_rows(counts: np.ndarray) -> None:
 
 class CompanionRows(SingleStore):
     """The companion index: rows keyed by :func:`row_ids`, committed as ``companion-<gen>.faiss``
-    (the ``companion_file`` meta key)."""
+    (the ``companion_file`` meta key) and its deltas (``companion_deltas``, :mod:`index.single`)."""
 
-    META_KEYS = ("companion_file",)
+    META_KEYS = ("companion_file", "companion_deltas")
     META_KEY = "companion_file"
+    DELTAS_KEY = "companion_deltas"
     FILE_PREFIX = "companion"
 
     def add_docs(self, int_ids: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:

@@ -7,10 +7,12 @@ On-disk layout of ``<data_dir>/<name>/``::
     docs.sqlite (+ -wal)     documents, counters, properties, and the names of the current
                              vector files
     writer.lock              flock held by the process that has uncommitted writes
-    vectors-<gen>.faiss      single: the FAISS index of commit <gen>
+    vectors-<gen>.faiss      single: the FAISS index as of commit <gen> (the base)
+    vectors-<gen>.delta.npz  single: the rows commit <gen> appended to the base (index.single)
     seg-<id>.vec.npy         multi: token codes of one append-only segment
     seg-<id>.aux.npz         multi: its doc offsets, internal ids, int8 scales
     tokens-<gen>.faiss       multi: the token ANN index (once built)
+    companion-<gen>.faiss    multi: the companion rows' index (+ companion-<gen>.delta.npz)
 
 Commit protocol (crash-safe at every instruction): new vector files are written under new
 names (:func:`index.durable.write_durable`); then one SQLite transaction (WAL,
@@ -70,7 +72,8 @@ log = logging.getLogger("embedpool.index")
 
 __all__ = ["Collection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
-_MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
+_MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|companion)-\d+\.delta\.npz|"
+                      r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
 STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
 PROPERTY_PREFIX = "property:"
 #: properties that format-1 collections kept in files of their own (read until migrated)
@@ -373,7 +376,7 @@ class Collection(CollectionBase):
             self._check_open()
             self._begin_write()
             with self._rw.write():
-                new = self._vec.compacted()
+                new = self._vec.compacted(self.folder)
                 if new is not None:
                     self._vec = new
                     self._dirty = True

@@ -15,6 +15,8 @@ Its state in the document store: the ``segments`` rows, ``next_seg_id``, ``token
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from .durable import fsync_dir, write_durable
+from .durable import fsync_dir, fsync_path, write_durable
 from .errors import CorruptCollectionError, TrainingError
 from .companion import CompanionRows, row_ids
 from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
@@ -72,6 +74,52 @@ class _Grow:
         return self._buf[:self.n]
 
 
+class Locations:
+    """Where each live document is: internal id -> (position of its segment in
+    ``MultiStore.segments``, row in it), as two int32 arrays indexed by the internal id (ids are
+    dense, ``0 .. next_int_id``): 8 bytes per id, where a dict of tuples took ~150 bytes per
+    document (150 MB at a million) and a Python loop per document to build when opening."""
+
+    def __init__(self) -> None:
+        self.seg = np.full(0, -1, np.int32)
+        self.row = np.zeros(0, np.int32)
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set(self, int_ids: np.ndarray, seg_pos: int, rows: np.ndarray) -> None:
+        int_ids = np.asarray(int_ids, np.int64)
+        if not len(int_ids):
+            return
+        top = int(int_ids.max()) + 1
+        if top > len(self.seg):
+            size = max(top, 2 * len(self.seg), 1024)
+            seg, row = np.full(size, -1, np.int32), np.zeros(size, np.int32)
+            seg[:len(self.seg)], row[:len(self.row)] = self.seg, self.row
+            self.seg, self.row = seg, row
+        self.n += int((self.seg[int_ids] < 0).sum())
+        self.seg[int_ids] = seg_pos
+        self.row[int_ids] = rows
+
+    def find(self, int_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, segment positions, rows)`` of the live documents among ``int_ids``."""
+        ids = np.asarray(int_ids, np.int64)
+        ids = ids[(ids >= 0) & (ids < len(self.seg))]
+        ids = ids[self.seg[ids] >= 0]
+        return ids, self.seg[ids], self.row[ids]
+
+    def pop(self, int_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Forget live documents (``KeyError`` if one is not live): their positions and rows."""
+        ids = np.asarray(int_ids, np.int64)
+        found, seg, row = self.find(ids)
+        if len(found) != len(np.unique(ids)):
+            raise KeyError(f"{len(ids) - len(found)} internal id(s) not live")
+        self.seg[found] = -1
+        self.n -= len(found)
+        return seg, row
+
+
 @dataclass
 class Segment:
     seg_id: int
@@ -82,6 +130,7 @@ class Segment:
     live: np.ndarray  # [n] bool
     comp_rows: np.ndarray | None = None  # [n] int64: companion rows per document (None: no companion)
     committed: bool = True
+    spill: Path | None = field(default=None, repr=False)  # codes already written here (compaction)
     written_to: Path | None = field(default=None, repr=False)  # folder of the files write() made
     # pending (uncommitted) segments grow in place
     _g_codes: _Grow | None = field(default=None, repr=False)
@@ -181,8 +230,13 @@ class Segment:
     def write(self, folder: Path) -> None:
         """Write the segment files durably (fsync each file; the caller fsyncs the folder)."""
         vec_name, aux_name = seg_files(self.seg_id)
-        write_durable(folder / vec_name, lambda f: np.save(f, np.ascontiguousarray(self.codes)),
-                      sync_dir=False)
+        if self.spill is not None:  # written by the compaction, under the .tmp name: make it durable
+            fsync_path(self.spill)
+            os.replace(self.spill, folder / vec_name)
+            self.spill = None
+        else:
+            write_durable(folder / vec_name, lambda f: np.save(f, np.ascontiguousarray(self.codes)),
+                          sync_dir=False)
         aux = {"offsets": self.offsets, "doc_ids": self.doc_ids}
         if self.scales is not None:
             aux["scales"] = self.scales
@@ -192,7 +246,8 @@ class Segment:
         self.written_to = folder
 
     @classmethod
-    def read(cls, folder: Path, seg_id: int, live_ids: np.ndarray) -> "Segment":
+    def read(cls, folder: Path, seg_id: int, alive: np.ndarray) -> "Segment":
+        """The committed segment ``seg_id``; ``alive``: a bool per internal id (the live ones)."""
         vec_name, aux_name = seg_files(seg_id)
         codes = np.load(folder / vec_name, mmap_mode="r")
         with np.load(folder / aux_name) as z:
@@ -203,12 +258,28 @@ class Segment:
         if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1 or \
                 (comp is not None and len(comp) != len(doc_ids)):
             raise CorruptCollectionError(f"segment {seg_id} files disagree on their size")
-        return cls(seg_id, codes, scales, offsets, doc_ids, np.isin(doc_ids, live_ids), comp)
+        live = np.zeros(len(doc_ids), bool)
+        known = doc_ids < len(alive)
+        live[known] = alive[doc_ids[known]]
+        return cls(seg_id, codes, scales, offsets, doc_ids, live, comp)
 
     def dequantized(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 tokens of the documents ``rows`` and their per-token document ids."""
         codes, offs, scales = gather_docs(self.codes, self.offsets, self.scales, rows)
         return dequantize(codes, scales), np.repeat(self.doc_ids[rows], np.diff(offs))
+
+
+#: bytes of token codes one compaction step copies (and then drops from the mapping)
+_COPY_BYTES = 32 << 20
+
+
+def _drop_pages(codes: np.ndarray) -> None:
+    """Drop the resident pages of a memory-mapped segment from this process (the page cache
+    keeps them): reading a whole segment through its mapping would otherwise leave all of it in
+    the process's RSS."""
+    m = getattr(codes, "_mmap", None)  # np.memmap's mapping (None for an in-memory segment)
+    if m is not None:
+        m.madvise(mmap.MADV_DONTNEED)
 
 
 def _row_blocks(docs: Sequence[np.ndarray], rows: int):
@@ -244,7 +315,7 @@ class MultiStore(VectorStore):
         self.next_seg_id = next_seg_id  # id of the next new segment
         self.reset_segments = False  # compacted: the next commit replaces every segment row
         self.segments: list[Segment] = []  # committed, then the pending one last (if any)
-        self.loc: dict[int, tuple[Segment, int]] = {}  # live int id -> (segment, row)
+        self.loc = Locations()  # live int id -> (position in segments, row)
         self.token_index: faiss.Index | None = None
         self.token_segments: set[int] = set()  # segments whose tokens are in token_index
         self.token_dirty = False
@@ -266,11 +337,13 @@ class MultiStore(VectorStore):
         seg_ids = [s[0] for s in state.segments]
         token_meta = state.meta.get("token_index")
         live_ids = np.asarray(live_ids, dtype=np.int64)
+        alive = np.zeros(int(live_ids.max()) + 1 if len(live_ids) else 0, bool)
+        alive[live_ids] = True
         for sid in seg_ids:
-            seg = Segment.read(folder, sid, live_ids)
+            seg = Segment.read(folder, sid, alive)
+            rows = np.flatnonzero(seg.live)
+            store.loc.set(seg.doc_ids[rows], len(store.segments), rows)
             store.segments.append(seg)
-            for row in np.flatnonzero(seg.live).tolist():
-                store.loc[int(seg.doc_ids[row])] = (seg, row)
         if len(store.loc) != len(live_ids):
             raise CorruptCollectionError(
                 f"segments hold {len(store.loc)} of the {len(live_ids)} documents of the document "
@@ -332,21 +405,24 @@ class MultiStore(VectorStore):
         except BaseException:
             pend.drop_rows(n_rows)  # rows of documents that were not recorded
             raise
-        for i, r in zip(int_ids, rows.tolist()):
-            self.loc[int(i)] = (pend, r)
+        self.loc.set(int_ids, len(self.segments) - 1, rows)
         if self.token_index is not None:
             self._index_segment_tokens(pend, rows)
 
     def remove(self, int_ids: Sequence[int]) -> None:
-        ids, counts = [], []
-        for i in int_ids:
-            seg, row = self.loc.pop(int(i))
-            seg.live[row] = False
+        ids = np.asarray(int_ids, np.int64)
+        if not len(ids):
+            return
+        pos, rows = self.loc.pop(ids)
+        counts = np.zeros(len(ids), np.int64)
+        for p in np.unique(pos).tolist():
+            sel = pos == p
+            seg = self.segments[p]
+            seg.live[rows[sel]] = False
             if self.companion is not None:
-                ids.append(int(i))
-                counts.append(int(seg.comp_rows[row]))
-        if ids:
-            self.companion.remove_docs(np.array(ids, np.int64), np.array(counts, np.int64))
+                counts[sel] = seg.comp_rows[rows[sel]]
+        if self.companion is not None:
+            self.companion.remove_docs(ids, counts)
 
     @property
     def dirty(self) -> bool:
@@ -385,35 +461,52 @@ class MultiStore(VectorStore):
                 # rows keep their numbers; re-point loc entries at the (same) segment object
         self.token_dirty = False
 
-    def compacted(self) -> "MultiStore | None":
-        """A new store holding the live documents in one pending segment (None if there is one
-        segment without tombstones)."""
+    def compacted(self, folder: Path) -> "MultiStore | None":
+        """A new store holding the live documents in one new segment (None if there is one
+        segment without tombstones). The token codes are copied a bounded block at a time
+        (:data:`_COPY_BYTES`) straight into the new segment's file in ``folder`` (its ``.tmp``
+        name until the commit makes it durable), and the pages of the old segments read for
+        each block are dropped from this process's mapping: the compaction holds a few bytes
+        per document and token in memory (offsets, ids, int8 scales), never the codes -- which
+        it held twice before (gathered, then appended to a pending segment)."""
         if sum(s.n_docs for s in self.segments) == self.n_docs and len(self.segments) <= 1:
             return None
         seg_id = self.next_seg_id
-        comp = None if self.companion is None else (self.companion.compacted() or self.companion)
+        comp = None if self.companion is None else (self.companion.compacted(folder) or self.companion)
         new = MultiStore(self.spec, seg_id + 1, comp)
         new.reset_segments = True
-        parts_codes, parts_scales, lens, ids, comp_rows = [], [], [], [], []
-        for seg in self.segments:
-            rows = np.flatnonzero(seg.live)
-            if not len(rows):
-                continue
-            c, o, s = gather_docs(seg.codes, seg.offsets, seg.scales, rows)
-            parts_codes.append(c)
-            parts_scales.append(s)
-            lens.append(np.diff(o))
-            ids.append(seg.doc_ids[rows])
-            if seg.comp_rows is not None:
-                comp_rows.append(seg.comp_rows[rows])
-        pend = Segment.pending(seg_id, self.spec.dim, self.spec.precision, companion=comp is not None)
-        new.segments.append(pend)
-        if ids:
-            all_ids = np.concatenate(ids)
-            rows = pend.append(all_ids, np.concatenate(parts_codes),
-                               None if parts_scales[0] is None else np.concatenate(parts_scales),
-                               np.concatenate(lens), np.concatenate(comp_rows) if comp is not None else None)
-            new.loc = {int(i): (pend, r) for i, r in zip(all_ids.tolist(), rows.tolist())}
+        dtype = np.dtype(self.spec.precision)
+        live = [(seg, np.flatnonzero(seg.live)) for seg in self.segments]
+        lens = [np.diff(seg.offsets)[rows] for seg, rows in live]
+        total = int(sum(int(n.sum()) for n in lens))
+        block = max(1, _COPY_BYTES // (self.spec.dim * dtype.itemsize))
+        path = folder / (seg_files(seg_id)[0] + ".tmp")
+        scales: list[np.ndarray] = []
+        with open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                     "fortran_order": False, "shape": (total, self.spec.dim)})
+            for (seg, rows), n in zip(live, lens):
+                cum = np.cumsum(n)
+                start = 0
+                while start < len(rows):
+                    base = int(cum[start - 1]) if start else 0
+                    end = max(start + 1, int(np.searchsorted(cum, base + block, side="right")))
+                    c, _, sc = gather_docs(seg.codes, seg.offsets, seg.scales, rows[start:end])
+                    f.write(np.ascontiguousarray(c).data)
+                    if sc is not None:
+                        scales.append(sc)
+                    _drop_pages(seg.codes)
+                    start = end
+        all_ids = np.concatenate([seg.doc_ids[rows] for seg, rows in live])
+        offsets = np.zeros(len(all_ids) + 1, np.int64)
+        np.cumsum(np.concatenate(lens), out=offsets[1:])
+        codes = np.load(path, mmap_mode="r") if total else np.empty((0, self.spec.dim), dtype)
+        new.segments.append(Segment(
+            seg_id, codes, np.concatenate(scales) if scales else (None if dtype != np.int8 else np.zeros(0, np.float32)),
+            offsets, all_ids, np.ones(len(all_ids), bool),
+            np.concatenate([seg.comp_rows[rows] for seg, rows in live]) if comp is not None else None,
+            committed=False, spill=path))
+        new.loc.set(all_ids, 0, np.arange(len(all_ids)))
         if self.token_index is not None:
             new.build_token_index()
         return new
@@ -478,7 +571,8 @@ class MultiStore(VectorStore):
         return len(self.loc)
 
     def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
-        seg, row = self.loc[int(int_id)]
+        _, pos, rows = self.loc.find(np.array([int_id]))
+        seg, row = self.segments[int(pos[0])], int(rows[0])
         out = {"vectors": seg.dequantized(np.array([row]))[0]}
         if self.companion is not None:
             out["companion"] = np.stack([self.companion.index.reconstruct(int(r)) for r in
@@ -503,7 +597,7 @@ class MultiStore(VectorStore):
         return int(sum(s.n_vectors for s in self.segments))
 
     def bytes_per_doc(self) -> float:
-        if not self.loc:
+        if not len(self.loc):
             return 0.0
         per_tok = bytes_per_vector(self.spec.dim, self.spec.precision)
         comp = 0 if self.companion is None else self.companion.n_docs * 4 * self.spec.companion_dim
@@ -524,21 +618,17 @@ class MultiStore(VectorStore):
 
     def rerank(self, query: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact MaxSim of one query against candidate int ids (unknown/dead ones dropped)."""
-        by_seg: dict[int, tuple[Segment, list[int], list[int]]] = {}
-        for i in np.unique(np.asarray(cand, dtype=np.int64)).tolist():
-            hit = self.loc.get(i)
-            if hit is not None:
-                entry = by_seg.setdefault(id(hit[0]), (hit[0], [], []))
-                entry[1].append(hit[1])
-                entry[2].append(i)
-        if not by_seg:
+        ids, pos, rows = self.loc.find(np.unique(np.asarray(cand, dtype=np.int64)))
+        if not len(ids):
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        scores, ids = [], []
-        for seg, rows, int_ids in by_seg.values():
+        scores, out = [], []
+        for p in np.unique(pos).tolist():
+            sel = pos == p
+            seg = self.segments[p]
             scores.append(maxsim_scores([query], seg.codes, seg.offsets, seg.scales,
-                                        doc_idx=np.array(rows, dtype=np.int64))[0])
-            ids.append(np.array(int_ids, dtype=np.int64))
-        return np.concatenate(scores), np.concatenate(ids)
+                                        doc_idx=rows[sel].astype(np.int64))[0])
+            out.append(ids[sel])
+        return np.concatenate(scores), np.concatenate(out)
 
     def token_candidates(self, queries: Sequence[np.ndarray], k_token: int) -> list[np.ndarray]:
         """Per query, the distinct live documents among the k_token nearest tokens of each

@@ -1,6 +1,13 @@
 """Single-vector store: one FAISS index (built by ``index_factory``) keyed by internal int64 ids.
 
-Committed as one file per commit, ``vectors-<gen>.faiss``, named by the ``vector_file`` meta key.
+Committed as a base file, ``vectors-<gen>.faiss`` (the ``vector_file`` meta key), plus one
+append-only delta per later commit that added vectors, ``vectors-<gen>.delta.npz`` (the
+``vector_deltas`` list): the ids and rows that commit added -- for an IVF index its codes as
+FAISS encodes them (``sa_encode``: list number + code), so loading appends them without
+assigning them again (``add_sa_codes``); else the vectors. A commit therefore writes what it
+added, never the whole index again. Removed rows are tombstones in the files (the document store
+no longer has their ids; loading removes them) until :meth:`SingleStore.compacted` writes one
+new base. Indexes that cannot remove rows (HNSW) are written whole at every commit, as before.
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ def min_training_vectors(factory: str) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Inverted lists probed per query: 1/16 of them, at least 8 (all of them if fewer)."""
-    return min(nlist, max(8, nlist // 16))
+    """Inverted lists probed per query: 1/4 of them, at least 8 (all of them if fewer).
+
+    Measured (bench/million.py, MiniLM ``mean`` vectors, 100k documents, IVF1024): recall@100
+    against exact search 0.92 at 1/16 of the lists, 0.96 at 1/8, 0.98 at 1/4 (1.5 ms a query
+    with SQ8 codes); two_stage search takes its 100 candidates from it."""
+    return min(nlist, max(8, nlist // 4))
 
 
 def recommended_training_vectors(factory: str) -> int:
@@ -52,9 +63,11 @@ class SingleStore(VectorStore):
     """A FAISS index with ids. Indexes that cannot remove (HNSW) keep removed ids as ``dead``:
     they are filtered out of search results (over-fetching) until :meth:`rebuilt`."""
 
-    META_KEYS = ("vector_file",)
+    META_KEYS = ("vector_file", "vector_deltas")
     #: the ``meta`` key naming the committed index file, and that file's name before ``-<gen>``
     META_KEY = "vector_file"
+    #: the ``meta`` key listing the committed deltas appended to it
+    DELTAS_KEY = "vector_deltas"
     FILE_PREFIX = "vectors"
     dirty = False  # index changed since last write
 
@@ -67,6 +80,12 @@ class SingleStore(VectorStore):
         self.dirty = False
         self.removable = _probe_removable(index)
         self.hnsw = _is_hnsw(index)
+        self.deltas: list[str] = []  # committed delta files, in order
+        self.ivf_codes = isinstance(faiss.downcast_index(index), faiss.IndexIVF)  # deltas hold sa codes
+        self.appendable = self.removable  # else (HNSW) every commit writes the whole index
+        self.full_write = file is None  # the next commit writes a new base (first, or compacted)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, rows) for the next delta
+        self.file_tombstones = 0  # rows removed since the base was written (still in the files)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -86,7 +105,9 @@ class SingleStore(VectorStore):
 
     @classmethod
     def committed_files(cls, state: StoreState) -> list[str]:
-        return [state.meta[cls.META_KEY]] if state.meta.get(cls.META_KEY) else []
+        if not state.meta.get(cls.META_KEY):
+            return []
+        return [state.meta[cls.META_KEY], *(state.meta.get(cls.DELTAS_KEY) or [])]
 
     @classmethod
     def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
@@ -94,18 +115,28 @@ class SingleStore(VectorStore):
         """Load the committed index file and check it holds exactly the live documents."""
         name = state.meta.get(cls.META_KEY)
         store = cls.empty(spec) if not name else cls(spec, faiss.read_index(str(folder / name)), name)
+        for delta in state.meta.get(cls.DELTAS_KEY) or []:
+            with np.load(folder / delta) as z:
+                store._append(z["ids"], z["rows"])
+            store.deltas.append(delta)
         live = np.asarray(live_ids, dtype=np.int64)
         idx = store.index
-        if isinstance(idx, faiss.IndexIDMap2):
-            stored = faiss.vector_to_array(idx.id_map).astype(np.int64)
-            missing = np.setdiff1d(live, stored)
+        stored = _stored_ids(idx)
+        if stored is not None:
+            stored, live = np.sort(stored), np.sort(live)
+            if np.array_equal(stored, live):  # the usual case, 5x faster than two setdiffs
+                return store
+            missing = np.setdiff1d(live, stored, assume_unique=True)
             if len(missing):
                 raise CorruptCollectionError(
                     f"vector index lacks {len(missing)} documents of the document store "
                     f"(e.g. internal id {int(missing[0])})")
-            store.dead = set(np.setdiff1d(stored, live).tolist())
-            if store.dead and store.removable:  # cannot happen with our commit protocol
-                raise CorruptCollectionError(f"vector index holds {len(store.dead)} deleted documents")
+            dead = np.setdiff1d(stored, live, assume_unique=True)
+            if len(dead) and store.removable:  # tombstones in the files: removed documents
+                idx.remove_ids(dead)
+                store.file_tombstones = len(dead)
+            else:
+                store.dead = set(dead.tolist())
         elif idx.ntotal != len(live):
             raise CorruptCollectionError(
                 f"vector index holds {idx.ntotal} vectors but the document store {len(live)} documents")
@@ -131,8 +162,21 @@ class SingleStore(VectorStore):
                 self.index.train(x)
             except RuntimeError as e:
                 raise TrainingError(f"training {self.spec.factory!r} failed: {_first_line(e)}") from None
-        self.index.add_with_ids(x, np.asarray(int_ids, dtype=np.int64))
+        ids = np.asarray(int_ids, dtype=np.int64)
+        if self.appendable and not self.full_write:  # kept for the next commit's delta
+            rows = self.index.sa_encode(x) if self.ivf_codes else np.array(x, np.float32)
+            self._append(ids, rows)
+            self.pending.append((ids, rows))
+        else:
+            self.index.add_with_ids(x, ids)
         self.dirty = True
+
+    def _append(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Add rows as a delta holds them (IVF codes, else vectors)."""
+        if self.ivf_codes:
+            self.index.add_sa_codes(np.ascontiguousarray(rows, np.uint8), np.asarray(ids, np.int64))
+        else:
+            self.index.add_with_ids(np.ascontiguousarray(rows, np.float32), np.asarray(ids, np.int64))
 
     def remove(self, int_ids: np.ndarray) -> None:
         ids = np.asarray(int_ids, dtype=np.int64)
@@ -140,13 +184,21 @@ class SingleStore(VectorStore):
             return
         if self.removable:
             self.index.remove_ids(ids)
+            self.file_tombstones += len(ids)
             self.dirty = True
         else:
             self.dead.update(ids.tolist())
             self._dead_arr = None
 
-    def compacted(self) -> "SingleStore | None":
-        return self.rebuilt() if self.dead else None
+    def compacted(self, folder: Path | None = None) -> "SingleStore | None":
+        """HNSW tombstones: rebuilt; deltas or removed rows in the files: this store, to be
+        written as one new base by the next commit; else ``None``."""
+        if self.dead:
+            return self.rebuilt()
+        if self.deltas or self.file_tombstones:
+            self.full_write = self.dirty = True
+            return self
+        return None
 
     # ---- reads --------------------------------------------------------------------------
     def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
@@ -162,8 +214,9 @@ class SingleStore(VectorStore):
     def storage_stats(self, folder: Path) -> dict[str, Any]:
         """bytes_per_doc: the committed index file over the vectors it holds."""
         per_doc = 0.0
-        if self.file and (folder / self.file).is_file() and self.index.ntotal:
-            per_doc = (folder / self.file).stat().st_size / self.index.ntotal
+        files = [folder / f for f in ([self.file] if self.file else []) + self.deltas]
+        if files and all(f.is_file() for f in files) and self.index.ntotal:
+            per_doc = sum(f.stat().st_size for f in files) / self.index.ntotal
         return {"bytes_per_doc": per_doc, "tombstones": len(self.dead), "segments": None,
                 "token_index": False, "index_type": self.spec.factory, "companion_rows": None}
 
@@ -200,21 +253,37 @@ class SingleStore(VectorStore):
 
     # ---- persistence --------------------------------------------------------------------
     def write(self, folder: Path, gen: int) -> StoreCommit:
-        """A changed index goes to a new file, ``<FILE_PREFIX>-<gen>.faiss``."""
+        """What changed: the rows added since the last commit as a delta,
+        ``<FILE_PREFIX>-<gen>.delta.npz``; the whole index, ``<FILE_PREFIX>-<gen>.faiss``, the
+        first time, after compaction, and for an index that cannot remove rows (HNSW); nothing
+        for removals alone (the document store records them)."""
         if not self.dirty:
             return StoreCommit()
-        name = f"{self.FILE_PREFIX}-{gen:08d}.faiss"
-        write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.index, tmp))
-        return StoreCommit(meta={self.META_KEY: name})
+        if self.full_write or not self.appendable or self.file is None:
+            name = f"{self.FILE_PREFIX}-{gen:08d}.faiss"
+            write_durable(folder / name, write_to=lambda tmp: faiss.write_index(self.index, tmp))
+            return StoreCommit(meta={self.META_KEY: name, self.DELTAS_KEY: []})
+        if not self.pending:
+            return StoreCommit()
+        name = f"{self.FILE_PREFIX}-{gen:08d}.delta.npz"
+        ids = np.concatenate([i for i, _ in self.pending])
+        rows = np.concatenate([r for _, r in self.pending])
+        write_durable(folder / name, lambda f: np.savez(f, ids=ids, rows=rows))
+        return StoreCommit(meta={self.DELTAS_KEY: [*self.deltas, name]})
 
     def mark_committed(self, commit: StoreCommit) -> None:
         self.dirty = False
+        if self.META_KEY in commit.meta:
+            self.file_tombstones = 0
         self.file = commit.meta.get(self.META_KEY, self.file)
+        self.deltas = list(commit.meta.get(self.DELTAS_KEY, self.deltas))
+        self.pending = []
+        self.full_write = False
 
     def rebuilt(self) -> "SingleStore":
         """A new store with only the live vectors (same ids): drops HNSW tombstones."""
         new = type(self).empty(self.spec)
-        new.file = self.file
+        new.file, new.full_write = self.file, True
         idx = self.index
         if isinstance(idx, faiss.IndexIDMap2) and idx.ntotal:
             ids = faiss.vector_to_array(idx.id_map).astype(np.int64)
@@ -242,6 +311,19 @@ def _no_polysemous(idx: faiss.Index) -> None:
         ivf = faiss.extract_index_ivf(idx)
         if hasattr(ivf, "do_polysemous_training"):
             ivf.do_polysemous_training = False
+
+
+def _stored_ids(idx: faiss.Index) -> np.ndarray | None:
+    """The ids an index holds (IDMap2, IVF), else ``None``."""
+    if isinstance(idx, faiss.IndexIDMap2):
+        return faiss.vector_to_array(idx.id_map).astype(np.int64)
+    ivf = faiss.downcast_index(idx)
+    if not isinstance(ivf, faiss.IndexIVF):
+        return None
+    inv = ivf.invlists
+    parts = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy()
+             for i in range(ivf.nlist) if inv.list_size(i)]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def _inner(idx: faiss.Index) -> faiss.Index:

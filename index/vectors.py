@@ -96,9 +96,10 @@ class VectorStore(ABC):
         """``commit`` is durable: what it wrote is now the committed state."""
 
     @abstractmethod
-    def compacted(self) -> "VectorStore | None":
+    def compacted(self, folder: Path) -> "VectorStore | None":
         """A store without tombstones (and, multi, in one segment), or ``None`` if this one
-        has nothing to reclaim. The caller commits it."""
+        has nothing to reclaim; ``folder`` is the collection's, where it may write files of the
+        next commit under their ``.tmp`` names. The caller commits it."""
 
     def build_token_index(self) -> None:
         """Build the token-level ANN index (stores with :attr:`supports_token_ann`)."""

@@ -156,7 +156,7 @@ def test_ann_factories(mv, rng, factory):
 def test_factory_mapping():
     assert milvus_index("IDMap2,Flat") == ("FLAT", {}, {})
     assert milvus_index("HNSW32") == ("HNSW", {"M": 32, "efConstruction": 40}, {"ef": 64})
-    assert milvus_index("IVF256,Flat") == ("IVF_FLAT", {"nlist": 256}, {"nprobe": 16})
+    assert milvus_index("IVF256,Flat") == ("IVF_FLAT", {"nlist": 256}, {"nprobe": 64})
     assert milvus_index("IVF64,PQ16x8")[:2] == ("IVF_PQ", {"nlist": 64, "m": 16, "nbits": 8})
     with pytest.raises(InvalidInputError, match="no Milvus equivalent"):
         milvus_index("PCA32,Flat")
