@@ -183,7 +183,8 @@ def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: Query
         runs[v.label], lat = _run(searches[v.label], queries, latency_queries)
         encode_s = job.targets[v.canonical].encode_seconds
         rows[v.label] = _row(v, searches[v.label], encode_s, queries, embedder, lat)
-        log(f"searched {v.label}: {rows[v.label]['search_ms']:.1f} ms/query")
+        ms = rows[v.label]["search_ms"]
+        log(f"searched {v.label}" + ("" if ms is None else f": {ms:.1f} ms/query"))
     timings["search_s"] = time.perf_counter() - t_s
     return runs, rows, timings
 

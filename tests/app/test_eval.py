@@ -128,6 +128,19 @@ def test_eval_on_a_scifact_slice(embedder, scifact, tmp_path, monkeypatch, capsy
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_without_latency_queries_reports_no_search_time(embedder, scifact, tmp_path, monkeypatch, capsys):
+    """--latency-queries 0 measures no search time: the report says so (None), it does not crash."""
+    from embedpool.app import cli
+    from embedpool.app.commands import eval as eval_cmd
+
+    monkeypatch.setattr(eval_cmd, "load_embedder", lambda settings: embedder)
+    out = tmp_path / "report.json"
+    assert cli.main(["eval", "--data", str(scifact.info["path"]), "--max-docs", "10", "--seed", "1",
+                     "--latency-queries", "0", "--pooler", "mean", "--out", str(out), "--no-progress"]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["search_ms"] is None and 0 <= row["ndcg@10"] <= 1
+
+
 def test_sts_eval_on_a_slice(embedder, data_dir, tmp_path):
     pairs = datasets.load_sts(data_dir / "stsb", "test")[:150]
     report = ev.evaluate_sts(embedder, pairs, ["mean", "cls"])
