@@ -448,7 +448,11 @@ class FrozenEncoder:
         hidden = out.last_hidden_state.float()
         # the last layer is ``hidden`` itself, so a layer pooler's last layer is bit-identical
         # to what the last-layer poolers read
-        layers = torch.stack([*(h.float() for h in out.hidden_states[:-1]), hidden]) if all_layers else None
+        layers = None
+        if all_layers:
+            stacked = getattr(out, "stacked", None)
+            layers = stacked if stacked is not None and stacked[-1].data_ptr() == hidden.data_ptr() else \
+                torch.stack([*(h.float() for h in out.hidden_states[:-1]), hidden])
         self.stats.forward_calls += 1
         self.stats.tokens += int(mask.sum())
         self.stats.forward_seconds += time.perf_counter() - t0

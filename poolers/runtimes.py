@@ -85,6 +85,9 @@ CALIBRATION_TEXTS = (
 class Output:
     last_hidden_state: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    # ``hidden_states`` already stacked ``[L+1, B, T, D]`` (float32) when a path writes them so
+    # (OpenVINO): the encoder then uses it as is instead of stacking a copy
+    stacked: torch.Tensor | None = None
 
 
 Forward = Callable[..., Output]
@@ -305,11 +308,16 @@ class OpenVINOForward:
         feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
         compiled, request = self._all_layers() if output_hidden_states else (self.compiled, self.request)
         out = request.infer(feed, share_inputs=True)
-        tensors = [torch.from_numpy(np.array(out[o], dtype=np.float32, copy=True)) for o in
-                   (compiled.outputs if output_hidden_states else compiled.outputs[:1])]
         if not output_hidden_states:
-            return Output(tensors[0])
-        return Output(tensors[0], (*tensors[1:], tensors[0]))
+            return Output(torch.from_numpy(np.array(out[compiled.output(0)], dtype=np.float32, copy=True)))
+        # every layer copied once, straight into one [L+1, B, T, D] tensor (embeddings first, the
+        # last layer -- output 0 -- last)
+        order = [*compiled.outputs[1:], compiled.outputs[0]]
+        first = out[order[0]]
+        stacked = torch.empty((len(order), *first.shape), dtype=torch.float32)
+        for i, o in enumerate(order):
+            np.copyto(stacked[i].numpy(), out[o], casting="same_kind")
+        return Output(stacked[-1], tuple(stacked), stacked)
 
 
 def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
