@@ -1,6 +1,8 @@
 """The model side of embedpool: the frozen encoder, tokenization plans and token poolers."""
 
-from embedpool.poolers import attention, cls, cluster, fde, landmark, max, mean, tokens  # noqa: F401  (register)
+from embedpool.poolers import (  # noqa: F401  (register)
+    attention, cls, cluster, fde, landmark, layermean, max, maxpoolbert, mean, multilayer, tokens,
+)
 from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
 from embedpool.poolers.output import OUTPUT_PRECISIONS, quantize_output, unit_ranges

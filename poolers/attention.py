@@ -35,14 +35,27 @@ WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "head.json"
 
 
-class HeadModule(nn.Module, Configurable):
-    """What both kinds of head share: the config, and saving and loading it with the weights.
+#: (kind, roles) -> head class: what :meth:`HeadModule.load` builds from a saved config
+HEADS: dict[tuple[str, str], type["HeadModule"]] = {}
 
-    Loading dispatches on the saved ``roles``: :meth:`load` gives an :class:`AttentionHead`
-    for ``shared`` and :class:`RoleHeads` for ``separate``, whichever class it is called on."""
+
+def head_class(cls: type["HeadModule"]) -> type["HeadModule"]:
+    """Class decorator: ``cls`` is the head :meth:`HeadModule.load` builds for its ``kind`` and ``roles``."""
+    HEADS[(cls.kind, cls.roles)] = cls
+    return cls
+
+
+class HeadModule(nn.Module, Configurable):
+    """What every head shares: the config, and saving and loading it with the weights.
+
+    Loading dispatches on the saved ``kind`` (the pooler the head is for: ``attention``, the
+    default of files that do not name one, or ``multilayer``) and ``roles``: :meth:`load` gives
+    an :class:`AttentionHead` for an ``attention`` head with ``shared`` roles and
+    :class:`RoleHeads` for ``separate`` ones, whichever class it is called on (see :data:`HEADS`)."""
 
     config_file_name = CONFIG_FILE
     config_keys = ("dim", "queries", "value_projection", "heads", "roles", "encoder")
+    kind = "attention"  # saved by the other kinds (in their config_keys); attention files stay as they were
     roles = "shared"
 
     def __init__(self, dim: int, queries: int, value_projection: bool, heads: int,
@@ -76,13 +89,16 @@ class HeadModule(nn.Module, Configurable):
                 "(written by `embedpool train-attention --out DIR`)"
             )
         config = cls.load_config(folder)
-        kinds = {"shared": AttentionHead, "separate": RoleHeads}
+        kind = config.pop("kind", "attention")
         roles = config.pop("roles", "shared")
-        if roles not in kinds:
+        if roles not in ("shared", "separate"):
             raise InvalidError(f"attention head {folder}: roles must be shared or separate, got {roles!r}")
-        args = {k: config.pop(k) for k in cls.config_keys if k in config}
+        if (kind, roles) not in HEADS:
+            raise InvalidError(f"head {folder}: unknown kind {kind!r}; one of {', '.join(sorted({k for k, _ in HEADS}))}")
+        made = HEADS[(kind, roles)]
+        args = {k: config.pop(k) for k in made.config_keys if k in config and k not in ("kind", "roles")}
         try:
-            head = kinds[roles](**args, meta=config)
+            head = made(**args, meta=config)
         except TypeError as e:  # e.g. no "dim"
             raise InvalidError(f"attention head {folder}: {CONFIG_FILE} is incomplete ({e})") from None
         head.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
@@ -99,6 +115,7 @@ def has_head(folder: Path) -> bool:
     return (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
 
 
+@head_class
 class AttentionHead(HeadModule):
     """Scores tokens and pools them.
 
@@ -131,6 +148,14 @@ class AttentionHead(HeadModule):
 
     def forward(self, hidden: Tensor, mask: Tensor, role: str | None = None) -> Tensor:
         """``hidden [B,T,D]``, ``mask [B,T]`` -> ``[B, queries, D]`` (one head: ``role`` is ignored)."""
+        return self.project(self.attend(hidden, mask))
+
+    def project(self, pooled: Tensor) -> Tensor:
+        """The value projection of pooled states (identity without one)."""
+        return pooled if self.value is None else self.value(pooled)
+
+    def attend(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """The attention-weighted token means, ``[B, queries, D]``, before the value projection."""
         scores = self.score(hidden)  # [B,T,Q*H]
         scores = scores.masked_fill(~mask.bool().unsqueeze(-1), float("-inf"))
         # exp(s - max) is exactly 1.0 for constant scores, so zero weights reproduce mean.
@@ -142,11 +167,10 @@ class AttentionHead(HeadModule):
             w = weights.view(b, t, self.queries, self.heads)
             num = torch.einsum("btqh,bthd->bqhd", w, hidden.view(b, t, self.heads, d // self.heads))
             pooled = (num / torch.clamp(w.sum(dim=1), min=1e-9).unsqueeze(-1)).reshape(b, self.queries, d)
-        if self.value is not None:
-            pooled = self.value(pooled)
         return pooled
 
 
+@head_class
 class RoleHeads(HeadModule):
     """Separate heads for queries and documents, each an :class:`AttentionHead`.
 
@@ -161,12 +185,15 @@ class RoleHeads(HeadModule):
 
     roles = "separate"
     ROLES = ("query", "document")
+    member: type[AttentionHead] = AttentionHead  # the head of each role
 
     def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1,
-                 encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
+                 encoder: str | None = None, meta: dict[str, Any] | None = None, **member: Any) -> None:
         super().__init__(dim, queries, value_projection, heads, encoder, meta)
-        self.query = AttentionHead(dim, queries, value_projection, heads)
-        self.document = AttentionHead(dim, queries, value_projection, heads)
+        for key, value in member.items():  # the member's own config (multilayer: layers)
+            setattr(self, key, value)
+        self.query = self.member(dim, queries=queries, value_projection=value_projection, heads=heads, **member)
+        self.document = self.member(dim, queries=queries, value_projection=value_projection, heads=heads, **member)
 
     def head(self, role: str | None) -> AttentionHead:
         if role not in (None, *self.ROLES):
@@ -202,6 +229,9 @@ class AttentionPooler(Pooler):
         self.head: AttentionHead | RoleHeads | None = None
         if self.weights:
             self.head = AttentionHead.load(self.weights)
+            if self.head.kind != self.name:
+                raise PoolerSpecError(f"{self.weights} holds a head for pooler {self.head.kind!r}, not {self.name!r}; "
+                                      f"use {self.head.kind}:weights={self.weights}")
             if "queries" in kwargs and self.queries != self.head.queries:
                 raise PoolerSpecError(f"attention head at {self.weights} has queries={self.head.queries}, "
                                       f"but the spec asks for queries={self.queries}")
@@ -220,7 +250,7 @@ class AttentionPooler(Pooler):
         """Refuse a head trained on another encoder."""
         trained_on = self.head_config.get("encoder")
         if trained_on and model_id and trained_on != model_id:
-            raise InvalidError(f"attention head {self.weights} was trained on encoder {trained_on!r}, "
+            raise InvalidError(f"{self.name} head {self.weights} was trained on encoder {trained_on!r}, "
                                f"but this encoder is {model_id!r}; train a head for it")
 
     def save(self, path: str | Path) -> Path:
@@ -255,12 +285,20 @@ class AttentionPooler(Pooler):
         """Pool as documents (the document head of a separate-heads file)."""
         return self.pool_role(states, "document")
 
+    def new_head(self, states: TokenStates) -> AttentionHead:
+        """The untrained head (zero scores: mean pooling) for these states."""
+        return AttentionHead(states.hidden.shape[-1], self.queries)
+
+    def head_input(self, states: TokenStates) -> Tensor:
+        """What the head attends over: the last layer's token states ``[B, T, D]``."""
+        return states.hidden
+
     def pool_role(self, states: TokenStates, role: str) -> Tensor | list[Tensor]:
         """Pool texts of ``role`` (``query`` or ``document``) with that role's head."""
         if not states.one_row_per_text:
-            raise InvalidError("attention pooling runs on the standard tokenization plan")
+            raise InvalidError(f"{self.name} pooling runs on the standard tokenization plan")
         if self.head is None:
-            self.head = AttentionHead(states.hidden.shape[-1], self.queries).eval()
+            self.head = self.new_head(states).eval()
         with torch.inference_mode():
-            out = self.head(states.hidden, states.pool_mask, role=role)
+            out = self.head(self.head_input(states), states.pool_mask, role=role)
         return out[:, 0] if self.queries == 1 else list(out)

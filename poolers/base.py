@@ -13,7 +13,7 @@ from torch import Tensor
 
 from embedpool.errors import InvalidError
 from embedpool.poolers.encoder import STANDARD, WINDOWED, Plan
-from embedpool.poolers.states import TokenStates
+from embedpool.poolers.states import TokenStates, layer_indices
 
 REGISTRY: dict[str, type["Pooler"]] = {}
 
@@ -87,7 +87,9 @@ class Pooler(Configurable):
     - ``role_aware``: pools queries and documents differently (:meth:`pool_role`);
     - ``binds_model``: checks itself against the encoder it pools for (:meth:`bind`, e.g. a
       trained head refuses another encoder);
-    - ``plan``: the tokenization plan its token states come from.
+    - ``plan``: the tokenization plan its token states come from;
+    - ``needs_layers``: reads every hidden layer (``TokenStates.layers``), which the encoder then
+      returns from the same forward pass; the other poolers' requests never pay for them.
     """
 
     name: ClassVar[str] = ""
@@ -95,6 +97,7 @@ class Pooler(Configurable):
     multi_vector: bool | None = False
     role_aware: bool = False
     binds_model: ClassVar[bool] = False
+    needs_layers: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -331,6 +334,23 @@ def per_window_option(cls: type[Pooler]) -> type[Pooler]:
     return type(cls.__name__, (PerWindow, cls), namespace)
 
 
+class LayersOption:
+    """Mixin of the weight-free poolers over hidden layers (``layermean``, ``maxpoolbert``): they
+    declare ``needs_layers``, and their ``layers`` option (see
+    :func:`poolers.states.layer_indices`) is checked when they are built."""
+
+    needs_layers = True
+    layers = "all"
+    name: ClassVar[str]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        try:
+            layer_indices(self.layers, None)
+        except InvalidError as e:
+            raise PoolerSpecError(f"pooler {self.name!r}: {e}") from None
+
+
 class WeightedMeanPooler(Pooler):
     """A weighted mean of token states (``mean``, ``landmark``): subclasses give the
     weights. A text's windows in several batches merge into the mean over all of them."""
@@ -338,9 +358,13 @@ class WeightedMeanPooler(Pooler):
     def weights(self, states: TokenStates) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def source(self, states: TokenStates) -> Tensor:
+        """The token states averaged, ``[R, T, D]``: the last layer (``layermean`` mixes layers)."""
+        return states.hidden
+
     def pool(self, states: TokenStates) -> Tensor:
         w = self.weights(states)
-        return rows_to_texts(masked_mean(states.hidden, w), states, w)
+        return rows_to_texts(masked_mean(self.source(states), w), states, w)
 
     def part(self, states: TokenStates, pooled: Tensor, role: str = "document") -> tuple[Tensor, Tensor]:
         return pooled[0], self.weights(states).to(pooled.dtype).sum()

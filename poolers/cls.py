@@ -22,13 +22,17 @@ class ClsPooler(Pooler):
     name = "cls"
 
     def pool(self, states: TokenStates) -> Tensor:
-        first = states.hidden[:, 0]
-        if states.one_row_per_text:
-            return first
-        rows: dict[int, int] = {}
-        for r, t in enumerate(states.text_index.tolist()):
-            rows.setdefault(t, r)
-        return first[[rows[t] for t in range(states.n_texts)]]
+        return first_window(states.hidden[:, 0], states)
 
     def merge(self, parts: list[Tensor], role: str = "document") -> Tensor:
         return parts[0]
+
+
+def first_window(per_row: Tensor, states: TokenStates) -> Tensor:
+    """``per_row`` (``[R, D]``, one vector per row) of each text's first row (window): ``[B, D]``."""
+    if states.one_row_per_text:
+        return per_row
+    rows: dict[int, int] = {}
+    for r, t in enumerate(states.text_index.tolist()):
+        rows.setdefault(t, r)
+    return per_row[[rows[t] for t in range(states.n_texts)]]

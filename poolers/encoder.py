@@ -436,7 +436,9 @@ class FrozenEncoder:
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.precision == "bf16" else nullcontext())
         with torch.inference_mode(), autocast:
-            out = (self._forward_fn if not all_layers else self.model)(
+            # every path returns every hidden layer from this one forward when asked (the
+            # OpenVINO graphs carry them as outputs: poolers/runtimes.py)
+            out = self._forward_fn(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 token_type_ids=torch.zeros_like(ids).to(self.device)
@@ -444,7 +446,13 @@ class FrozenEncoder:
                 output_hidden_states=all_layers,
             )
         hidden = out.last_hidden_state.float()
-        layers = torch.stack([h.float() for h in out.hidden_states]) if all_layers else None
+        # the last layer is ``hidden`` itself, so a layer pooler's last layer is bit-identical
+        # to what the last-layer poolers read
+        layers = None
+        if all_layers:
+            stacked = getattr(out, "stacked", None)
+            layers = stacked if stacked is not None and stacked[-1].data_ptr() == hidden.data_ptr() else \
+                torch.stack([*(h.float() for h in out.hidden_states[:-1]), hidden])
         self.stats.forward_calls += 1
         self.stats.tokens += int(mask.sum())
         self.stats.forward_seconds += time.perf_counter() - t0
@@ -454,7 +462,8 @@ class FrozenEncoder:
                truncate: bool = True, all_layers: bool = False, *, prompt_name: str | None = None,
                truncation_direction: str = "right",
                rows: Sequence[Sequence[_Row]] | None = None) -> Iterator[tuple[list[int], TokenStates]]:
-        """One forward pass over ``texts`` under ``plan``.
+        """One forward pass over ``texts`` under ``plan``; with ``all_layers`` the states also
+        hold every hidden layer (``TokenStates.layers``), from the same pass.
 
         Yields ``(text_ids, states)`` per batch: ``text_ids`` are the positions in ``texts`` of
         the batch's texts, in the order of ``states.text_index``. Batches are length-sorted

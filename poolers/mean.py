@@ -25,6 +25,12 @@ class MeanPooler(WeightedMeanPooler):
     include_special = True
 
     def weights(self, states: TokenStates) -> Tensor:
-        if self.include_special:
-            return states.pool_mask
-        return states.pool_mask * (1 - states.special_tokens_mask)
+        return mean_weights(states, self.include_special)
+
+
+def mean_weights(states: TokenStates, include_special: bool = True) -> Tensor:
+    """The tokens a mean averages: the pooling mask, without the special tokens unless
+    ``include_special``."""
+    if include_special:
+        return states.pool_mask
+    return states.pool_mask * (1 - states.special_tokens_mask)

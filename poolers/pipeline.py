@@ -237,8 +237,10 @@ class Embedder:
         for plan, specs in by_plan.items():
             parts: dict[str, list] = {spec: [] for spec in specs}  # of a text split over batches
             rows = [t.rows[plan] for t in tokenized] if reuse and all(plan in t.rows for t in tokenized) else None
+            # every hidden layer only when a pooler of this plan reads them, from the same pass
+            all_layers = any(built[spec].needs_layers for spec in specs)
             for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate,
-                                                        prompt_name=prompt_name,
+                                                        all_layers=all_layers, prompt_name=prompt_name,
                                                         truncation_direction=truncation_direction, rows=rows):
                 for spec in specs:
                     t0 = time.perf_counter()

@@ -2,9 +2,13 @@
 (fp32, bf16, NNCF post-training int8) and ONNX Runtime (its own dynamic int8 and static QDQ int8).
 
 Every path is a callable with the transformers forward's keywords (``input_ids``,
-``attention_mask``, ``token_type_ids``; torch ``[B, T]`` tensors) that returns an object with
-``last_hidden_state`` (``[B, T, D]``, float32 torch tensor), so :class:`FrozenEncoder` runs them
-all the same way. Graphs are converted from the already loaded transformers model (nothing is
+``attention_mask``, ``token_type_ids``, ``output_hidden_states``; torch ``[B, T]`` tensors) that
+returns an object with ``last_hidden_state`` (``[B, T, D]``, float32 torch tensor) and, when
+``output_hidden_states`` is asked for, ``hidden_states`` (every layer's ``[B, T, D]``, the
+embeddings first and ``last_hidden_state`` last, as transformers gives them), so
+:class:`FrozenEncoder` runs them all the same way. The OpenVINO graphs carry every hidden layer
+as an output of the one converted model; the last-layer-only view compiled from it is what
+runs when no layer is asked for. Graphs are converted from the already loaded transformers model (nothing is
 downloaded) and cached on disk under ``$EMBEDPOOL_CACHE_DIR`` (default ``~/.cache/embedpool``),
 keyed by the model's weights, the path, the library's version and the CPU's instruction set
 (:func:`artifact_dir`). Static quantization calibrates on texts the caller passes (e.g. a slice
@@ -80,6 +84,10 @@ CALIBRATION_TEXTS = (
 @dataclass
 class Output:
     last_hidden_state: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    # ``hidden_states`` already stacked ``[L+1, B, T, D]`` (float32) when a path writes them so
+    # (OpenVINO): the encoder then uses it as is instead of stacking a copy
+    stacked: torch.Tensor | None = None
 
 
 Forward = Callable[..., Output]
@@ -150,11 +158,15 @@ class TorchForward:
         self.model = model
         self.autocast_bf16 = autocast_bf16
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else torch.autocast("cpu", enabled=False)
         with torch.inference_mode(), ctx:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        return Output(out.last_hidden_state.float())
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                             output_hidden_states=output_hidden_states)
+        last = out.last_hidden_state.float()
+        if not output_hidden_states:
+            return Output(last)
+        return Output(last, (*(h.float() for h in out.hidden_states[:-1]), last))
 
 
 def bf16_weights(model) -> TorchForward:
@@ -174,6 +186,16 @@ class _LastHidden(torch.nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         kw = {"token_type_ids": token_type_ids} if self.token_types else {}
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+
+
+class _AllHidden(_LastHidden):
+    """The graph OpenVINO converts: ``last_hidden_state`` first (output 0, what the last-layer
+    view keeps), then the embeddings and every layer but the last."""
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        kw = {"token_type_ids": token_type_ids} if self.token_types else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **kw)
+        return (out.last_hidden_state, *out.hidden_states[:-1])
 
 
 def _example(tokenizer, token_types: bool) -> dict[str, torch.Tensor]:
@@ -214,7 +236,7 @@ def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence
     import openvino as ov
 
     tt = _has_token_types(tokenizer)
-    wrapped = _LastHidden(model, tt).eval()
+    wrapped = _AllHidden(model, tt).eval()
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
     with torch.inference_mode():
         ov_model = ov.convert_model(wrapped, example_input=_example(tokenizer, tt),
@@ -238,13 +260,23 @@ def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence
 
 
 class OpenVINOForward:
-    """An OpenVINO CPU compiled model (latency hint, the given threads)."""
+    """An OpenVINO CPU compiled model (latency hint, the given threads).
+
+    The graph at ``xml`` has every hidden layer as an output (:class:`_AllHidden`). Two views of
+    it are compiled: the last layer alone (what runs unless layers are asked for: the same graph
+    as a last-layer export, so a plain request pays nothing for the extra outputs), and, on the
+    first call that asks for them, the whole graph: one forward that returns every layer."""
 
     def __init__(self, xml: Path, mode: str, threads: int | None = None, bf16: bool | None = None) -> None:
+        import threading
+
         import openvino as ov
 
         self.path = xml
         core = ov.Core()
+        self._core = core
+        self._lock = threading.Lock()
+        self._layers = None  # (compiled, request) of the whole graph, compiled when first asked for
         if bf16 is None:  # the float parts of the int8 graphs run in bf16 where the CPU has it
             bf16 = mode == "bf16" or (mode != "fp32" and "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
         config = {
@@ -254,15 +286,38 @@ class OpenVINOForward:
             "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads()),
             "CACHE_DIR": str(xml.parent / "compiled"),
         }
-        self.compiled = core.compile_model(str(xml), "CPU", config)
+        self._config = config
+        self._graph = core.read_model(str(xml))
+        results = self._graph.get_results()
+        last = ov.Model(results[:1], self._graph.get_parameters(), "last_hidden_state") if len(results) > 1 else self._graph
+        self.compiled = core.compile_model(last, "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.names = [i.get_any_name() for i in self.compiled.inputs]
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+    def _all_layers(self):
+        with self._lock:
+            if self._layers is None:
+                if len(self._graph.get_results()) < 2:
+                    raise InvalidError(f"the OpenVINO graph {self.path} has no hidden-layer outputs")
+                compiled = self._core.compile_model(self._graph, "CPU", self._config)
+                self._layers = compiled, compiled.create_infer_request()
+            return self._layers
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
-        out = self.request.infer(feed, share_inputs=True)
-        return Output(torch.from_numpy(np.array(out[self.compiled.output(0)], dtype=np.float32, copy=True)))
+        compiled, request = self._all_layers() if output_hidden_states else (self.compiled, self.request)
+        out = request.infer(feed, share_inputs=True)
+        if not output_hidden_states:
+            return Output(torch.from_numpy(np.array(out[compiled.output(0)], dtype=np.float32, copy=True)))
+        # every layer copied once, straight into one [L+1, B, T, D] tensor (embeddings first, the
+        # last layer -- output 0 -- last)
+        order = [*compiled.outputs[1:], compiled.outputs[0]]
+        first = out[order[0]]
+        stacked = torch.empty((len(order), *first.shape), dtype=torch.float32)
+        for i, o in enumerate(order):
+            np.copyto(stacked[i].numpy(), out[o], casting="same_kind")
+        return Output(stacked[-1], tuple(stacked), stacked)
 
 
 def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
@@ -273,12 +328,12 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
     if mode not in OPENVINO_MODES:
         raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}")
     texts = list(calibration or CALIBRATION_TEXTS)
-    extra, graph = "", "openvino"  # fp32 and bf16 share the float graph
+    extra, graph = "all-layers", "openvino"  # fp32 and bf16 share the float graph; every layer an output
     if mode.startswith("int8"):
         import nncf
 
         graph = f"openvino-{mode}"
-        extra = f"nncf{nncf.__version__}" + (f"|{calibration_hash(texts)}" if mode == "int8" else "")
+        extra += f"|nncf{nncf.__version__}" + (f"|{calibration_hash(texts)}" if mode == "int8" else "")
     folder = artifact_dir(model, graph, openvino_version(), isa, extra, cache_dir)
     xml = _build_once(folder, "model.xml", lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length))
     return OpenVINOForward(xml, mode, threads)
@@ -353,7 +408,10 @@ class OnnxForward:
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         self.names = [i.name for i in self.session.get_inputs()]
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, **_):
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
+        if output_hidden_states:
+            raise InvalidError("the ONNX Runtime paths (measured only) give the last layer alone; a pooler over "
+                               "all hidden layers runs on the torch and OpenVINO paths")
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
         return Output(torch.from_numpy(self.session.run(None, feed)[0]))

@@ -7,6 +7,39 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from embedpool.errors import InvalidError
+
+
+def layer_indices(layers: str, n: int) -> list[int]:
+    """Indices into the ``n`` hidden layers (``0`` the embeddings, ``n - 1`` the last, as
+    transformers' ``hidden_states``) named by ``layers``: ``all``; ``last<k>`` (the last ``k``);
+    or indices joined by ``+``, negative ones counted from the end (``1+-1``: the first
+    transformer layer and the last). ``n`` of ``None`` checks the syntax alone.
+
+    Raises:
+        InvalidError: not of that form, or an index the model does not have.
+    """
+    text = str(layers).strip().lower()
+    try:
+        if text == "all":
+            return list(range(n)) if n else []
+        if text.startswith("last"):
+            k = int(text[4:])
+            if k < 1 or (n and k > n):
+                raise ValueError
+            return list(range(n - k, n)) if n else []
+        idx = [int(part) for part in text.split("+")]
+    except ValueError:
+        raise InvalidError(f"layers={layers!r}: use all, last<k> (1 <= k <= {n or 'the layer count'}) or indices "
+                           "joined by + (negative from the end, e.g. 1+-1)") from None
+    if not n:
+        return idx
+    bad = [i for i in idx if not -n <= i < n]
+    if bad:
+        raise InvalidError(f"layers={layers!r}: the model has {n} hidden layers (0 = embeddings .. {n - 1}); "
+                           f"no layer {bad[0]}")
+    return [i % n for i in idx]
+
 
 @dataclass
 class TokenStates:
@@ -46,6 +79,19 @@ class TokenStates:
     def __post_init__(self) -> None:
         if self.pool_mask is None:
             self.pool_mask = self.attention_mask
+
+    def select_layers(self, layers: str) -> Tensor:
+        """The hidden layers named by ``layers`` (see :func:`layer_indices`), ``[K, R, T, D]``.
+
+        Raises:
+            InvalidError: the states hold no layers (the encoder ran without ``all_layers``),
+                or ``layers`` names one the model does not have.
+        """
+        if self.layers is None:
+            raise InvalidError("this pooler reads every hidden layer, but the token states hold only the last: "
+                               "encode with all_layers=True (the pipeline does when a pooler declares needs_layers)")
+        idx = layer_indices(layers, self.layers.shape[0])
+        return self.layers[idx] if idx != list(range(self.layers.shape[0])) else self.layers
 
     @property
     def one_row_per_text(self) -> bool:
@@ -88,4 +134,7 @@ class TokenStates:
             pool_mask=torch.cat([pad(b.pool_mask) for b in batches]),
             landmark_mask=None if batches[0].landmark_mask is None
             else torch.cat([pad(b.landmark_mask) for b in batches]),
+            layers=None if batches[0].layers is None
+            else torch.cat([torch.nn.functional.pad(b.layers, (0, 0, 0, width - b.layers.shape[2]))
+                            for b in batches], dim=1),
         )

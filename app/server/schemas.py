@@ -533,6 +533,8 @@ class PoolerInfo(BaseModel):
     name: str
     options: dict[str, str]
     multi_vector: bool | None = None
+    learned: bool = Field(False, description="pools with trained weights (`weights=`); untrained it is `mean`")
+    all_layers: bool = Field(False, description="reads every hidden layer (from the same forward pass)")
 
 
 class Info(BaseModel):

@@ -26,6 +26,9 @@ NON_DEFAULT = {
     "tokens": {"window": True},
     "attention": {"queries": 3},
     "fde": {"k_sim": 2, "dim_proj": 8, "reps": 3, "seed": 5, "final_dim": 16, "window": True},
+    "layermean": {"layers": "all", "include_special": False},
+    "maxpoolbert": {"layers": "last2"},
+    "multilayer": {"queries": 2},
 }
 
 
@@ -49,7 +52,7 @@ def _pooled(pooler: Pooler, encoder, role: str = "document") -> list[torch.Tenso
     frozen, so two poolers compared on one plan see the very same states)."""
     key = (pooler.plan, role)
     if key not in _STATES:
-        _STATES[key] = list(encoder.encode(TEXTS, pooler.plan, role=role))
+        _STATES[key] = list(encoder.encode(TEXTS, pooler.plan, role=role, all_layers=True))
     out: list = [None] * len(TEXTS)
     for ids, states in _STATES[key]:
         pooled = pooler.pool_role(states, role)
@@ -153,7 +156,7 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     ``binds_model`` exactly for the poolers that check the encoder; ``multi_vector`` a bool."""
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
-             ("fde", {})]
+             ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2})]
     assert {n for n, _ in cases} == set(REGISTRY)
     for name, opts in cases:
         p = REGISTRY[name](**opts)

@@ -15,7 +15,7 @@ from embedpool.poolers import REGISTRY, PoolerSpecError, TokenStates, build_pool
 from embedpool.poolers.encoder import STANDARD, WINDOWED
 from embedpool.poolers.pipeline import postprocess
 
-PLAIN = ["mean", "mean:include_special=false", "cls", "max", "landmark", "fde"]
+PLAIN = ["mean", "mean:include_special=false", "cls", "max", "landmark", "fde", "layermean", "maxpoolbert:layers=all"]
 
 
 def per_window(spec: str) -> str:
@@ -38,7 +38,8 @@ def plain_on_each_window(encoder, spec: str, text: str, role: str = "document") 
     plain = build_pooler(spec)
     rows = _window_rows(encoder, text, build_pooler(per_window(spec)).plan, role)
     out: list = [None] * len(rows)
-    for ids, states in encoder.encode([""] * len(rows), plain.plan, role=role, rows=[[r] for r in rows]):
+    for ids, states in encoder.encode([""] * len(rows), plain.plan, role=role, rows=[[r] for r in rows],
+                                      all_layers=plain.needs_layers):
         assert states.one_row_per_text
         pooled = plain.pool_role(states, role)
         for j, i in enumerate(ids):
@@ -50,7 +51,7 @@ def plain_over_all_windows(encoder, spec: str, text: str, role: str) -> torch.Te
     """The plain pooler on all of ``text``'s windows at once (one batch of token states)."""
     plain = build_pooler(spec)
     plan = build_pooler(per_window(spec)).plan
-    states = TokenStates.concat([s for _, s in encoder.encode([text], plan, role=role)])
+    states = TokenStates.concat([s for _, s in encoder.encode([text], plan, role=role, all_layers=plain.needs_layers)])
     return plain.pool_role(states, role)[0]
 
 
@@ -249,7 +250,7 @@ def test_a_per_window_pooler_saves_and_loads_its_config(spec, tmp_path, embedder
     assert again.get_config_dict() == p.get_config_dict() and again.get_config_dict()["per_window"] is True
     assert again.spec == p.spec and again.plan == p.plan and again.multi_vector is True
     for role in ("document", "query"):
-        states = [s for _, s in embedder.encoder.encode(texts, p.plan, role=role)]
+        states = [s for _, s in embedder.encoder.encode(texts, p.plan, role=role, all_layers=p.needs_layers)]
         for s in states:
             for a, b in zip(again.pool_role(s, role), p.pool_role(s, role)):
                 torch.testing.assert_close(a, b, atol=0, rtol=0)

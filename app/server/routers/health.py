@@ -39,7 +39,8 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
     s = engine.settings
     emb = engine.embedder if engine.status == "ready" else None
     poolers = [PoolerInfo(name=name, options={k: t.__name__ for k, t in cls.options.items()},
-                          multi_vector=cls.multi_vector if isinstance(cls.multi_vector, bool) else None)
+                          multi_vector=cls.multi_vector if isinstance(cls.multi_vector, bool) else None,
+                          learned="weights" in cls.options, all_layers=cls.needs_layers)
                for name, cls in sorted(REGISTRY.items())]
     return Info(
         status=engine.status,

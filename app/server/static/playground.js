@@ -234,7 +234,7 @@ async function connect() {
   const box = $("pooler-choices");
   box.replaceChildren();
   for (const p of info.poolers) {
-    if (p.name === "attention") continue; // needs trained weights to differ from mean
+    if (p.learned) continue; // attention, multilayer: need trained weights to differ from mean
     checkbox(box, p.name, DEFAULT_POOLERS.includes(p.name));
   }
   document.body.dataset.state = "ready";
