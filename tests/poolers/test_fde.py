@@ -121,12 +121,13 @@ def test_final_projection_is_a_scaled_random_sign_matrix():
 
 
 def test_cost_is_linear_in_the_number_of_tokens():
-    """A 20,000-vector document: FDE time grows about linearly from 5,000 vectors (4x the vectors:
-    well under the 16x of a quadratic cost), and the result is still the definition's (the fill
-    needs no token pairs)."""
+    """A 40,000-vector document: FDE time grows about linearly from 5,000 vectors (8x the vectors:
+    well under the 64x of a quadratic cost; the bound is their geometric middle, since the larger
+    input also leaves the caches -- 4x the vectors once measured 8.2x), and the result is still the
+    definition's (the fill needs no token pairs)."""
     rng = np.random.default_rng(5)
     f = build_pooler("fde").encoder(384)
-    big = rng.standard_normal((20_000, 384)).astype(np.float32)
+    big = rng.standard_normal((40_000, 384)).astype(np.float32)
     small = big[:5_000]
 
     def best(x):
@@ -137,7 +138,7 @@ def test_cost_is_linear_in_the_number_of_tokens():
             ts.append(time.perf_counter() - t)
         return min(ts)
 
-    assert best(big) < 8 * best(small)
+    assert best(big) < 22 * best(small)
     tiny = FDE(384, 2, 4, 1, seed=1)
     gs, ss = _matrices(tiny)
     np.testing.assert_allclose(tiny.encode([big[:3000]], "document")[0],
