@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "image"))
 
 from index_engines import machine  # noqa: E402
-from podman_util import RAY_IMAGE, RayCluster, inspect, peak_memory, podman  # noqa: E402
+from podman_util import CGROUP_PEAK, RAY_IMAGE, RayCluster, inspect, peak_memory, podman  # noqa: E402
 
 N_DOCS = 1000
 JOB = ["/corpus/corpus.jsonl", "--collection", "sf", "--pooler", "mean", "--pooler", "cluster:pool_factor=4",
@@ -64,8 +64,8 @@ def main() -> None:
         podman("rm", "-f", name, check=False)
         t0 = time.monotonic()
         r = podman("run", "--name", name, "-v", f"{corpus}:/corpus:ro", "-v", f"{data}:/data", RAY_IMAGE,
-                   "sh", "-c", "embedpool index \"$@\"; cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes "
-                   "2>/dev/null || cat /sys/fs/cgroup/memory.peak", "sh", *JOB, "--data-dir", "/data/local",
+                   "sh", "-c", f'embedpool index "$@"; cat {CGROUP_PEAK[0]} 2>/dev/null || cat {CGROUP_PEAK[1]}',
+                   "sh", *JOB, "--data-dir", "/data/local",
                    timeout=1800)
         wall = time.monotonic() - t0
         lines = r.stdout.strip().splitlines()

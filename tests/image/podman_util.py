@@ -71,9 +71,13 @@ def start_api(name: str, volume: str, port: int, *extra: str) -> None:
            "-v", f"{volume}:/data", *extra, API_IMAGE)
 
 
+# a container's peak memory, as its cgroup counts it: v1, then v2
+CGROUP_PEAK = ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak")
+
+
 def peak_memory(name: str) -> int:
     """The container's peak memory (bytes) by its cgroup: v1's max_usage, v2's memory.peak."""
-    for path in ("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"):
+    for path in CGROUP_PEAK:
         r = podman("exec", name, "cat", path, check=False)
         if r.returncode == 0 and r.stdout.strip().isdigit():
             return int(r.stdout)
