@@ -27,7 +27,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ from torch import Tensor
 from embedpool.errors import InvalidError
 from embedpool.poolers.attention import AttentionHead, RoleHeads
 from embedpool.poolers.encoder import FrozenEncoder
+from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +45,28 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- token-state cache
 def cache_token_states(encoder: FrozenEncoder, texts: Sequence[str], role: str = "document",
                        cache_dir: str | Path | None = None,
-                       progress: Callable[[int], None] | None = None) -> list[Tensor]:
-    """Each text's token states (``[n_i, D]`` float16, padding removed), from one pass.
+                       progress: Callable[[int], None] | None = None, all_layers: bool = False) -> list[Tensor]:
+    """Each text's token states (``[n_i, D]`` float16, padding removed), from one pass; with
+    ``all_layers`` every hidden layer's, ``[K, n_i, D]`` (the last layer last), for the
+    ``multilayer`` head.
 
-    With ``cache_dir`` the states are saved under a key of (model, role, texts) and reloaded
-    on the next call instead of running the encoder again.
+    With ``cache_dir`` the states are saved under a key of (model, role, texts, layers) and
+    reloaded on the next call instead of running the encoder again.
     """
     texts = list(texts)
     path = None
     if cache_dir is not None:
-        key = hashlib.sha256("\x1f".join([encoder.model_id, role, str(encoder.max_length), *texts])
-                             .encode()).hexdigest()[:24]
+        parts = [encoder.model_id, role, str(encoder.max_length), *(["all-layers"] if all_layers else []), *texts]
+        key = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
         path = Path(cache_dir) / f"states-{key}.pt"
         if path.exists():
             return torch.load(path)
     out: list[Tensor | None] = [None] * len(texts)
-    for ids, states in encoder.encode(texts, role=role):
+    for ids, states in encoder.encode(texts, role=role, all_layers=all_layers):
         for j, i in enumerate(ids):
-            out[i] = states.hidden[j][states.pool_mask[j].bool()].to(torch.float16).clone()
+            keep = states.pool_mask[j].bool()
+            kept = states.layers[:, j][:, keep] if all_layers else states.hidden[j][keep]
+            out[i] = kept.to(torch.float16).clone()
         if progress:
             progress(len(ids))
     if path is not None:
@@ -73,13 +78,15 @@ def cache_token_states(encoder: FrozenEncoder, texts: Sequence[str], role: str =
 
 
 def pad(states: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-    """Right-pad ``[n_i, D]`` states into ``[B, T, D]`` float32 and a ``[B, T]`` mask."""
-    width = max(s.shape[0] for s in states)
-    hidden = torch.zeros(len(states), width, states[0].shape[1])
+    """Right-pad ``[n_i, D]`` states into ``[B, T, D]`` float32 and a ``[B, T]`` mask;
+    all-layer states ``[K, n_i, D]`` into ``[K, B, T, D]``."""
+    width = max(s.shape[-2] for s in states)
+    *layers, dim = states[0].shape[:-2], states[0].shape[-1]
+    hidden = torch.zeros(*layers[0], len(states), width, dim)
     mask = torch.zeros(len(states), width, dtype=torch.long)
     for i, s in enumerate(states):
-        hidden[i, : s.shape[0]] = s.float()
-        mask[i, : s.shape[0]] = 1
+        hidden[..., i, : s.shape[-2], :] = s.float()
+        mask[i, : s.shape[-2]] = 1
     return hidden, mask
 
 
@@ -96,14 +103,14 @@ class PairData:
 
 def pair_states(encoder: FrozenEncoder, pairs: Sequence[tuple[str, str]], scores: list[float] | None = None, *,
                 query_role: str = "query", cache_dir: str | Path | None = None,
-                progress: Callable[[int], None] | None = None) -> PairData:
+                progress: Callable[[int], None] | None = None, all_layers: bool = False) -> PairData:
     """:class:`PairData` of ``(query, document)`` text pairs: the token states of each distinct
     query (as ``query_role``; ``document`` for symmetric STS pairs) and document, each from one
     cached pass (:func:`cache_token_states`)."""
     q_texts = sorted({a for a, _ in pairs})
     d_texts = sorted({b for _, b in pairs})
-    q_states = cache_token_states(encoder, q_texts, query_role, cache_dir, progress)
-    d_states = cache_token_states(encoder, d_texts, "document", cache_dir, progress)
+    q_states = cache_token_states(encoder, q_texts, query_role, cache_dir, progress, all_layers)
+    d_states = cache_token_states(encoder, d_texts, "document", cache_dir, progress, all_layers)
     q_pos = {t: i for i, t in enumerate(q_texts)}
     d_pos = {t: i for i, t in enumerate(d_texts)}
     return PairData(q_states, d_states, [(q_pos[a], d_pos[b]) for a, b in pairs], scores)
@@ -182,10 +189,10 @@ def ict_positive_states(encoder: FrozenEncoder, docs: Sequence[str], doc_states:
                                 max_length=encoder.max_length, return_offsets_mapping=True, verbose=False)
         offsets = enc["offset_mapping"]
         states = doc_states[span.doc]
-        if len(offsets) != states.shape[0]:
-            raise InvalidError(f"document {span.doc}: {len(offsets)} tokens but {states.shape[0]} cached states")
+        if len(offsets) != states.shape[-2]:
+            raise InvalidError(f"document {span.doc}: {len(offsets)} tokens but {states.shape[-2]} cached states")
         keep = torch.tensor([not (b > a and a < span.end and b > span.start) for a, b in offsets])
-        out.append(states[keep].clone())
+        out.append(states[..., keep, :].clone())
     return out
 
 
@@ -208,19 +215,31 @@ def cosent(a: Tensor, b: Tensor, gold: Tensor, scale: float = 20.0) -> Tensor:
 
 
 # ---------------------------------------------------------------- training loop
+POOLERS = ("attention", "multilayer")
+
+
 @dataclass
 class TrainConfig:
     """Args:
         objective: ``infonce`` (query/document pairs, also ICT) or ``cosent`` (STS pairs).
+        pooler: the head trained: ``attention`` (last layer) or ``multilayer`` (every layer;
+            its states are cached with ``all_layers``).
         heads: attention heads per output vector (see :class:`AttentionHead`).
         roles: ``shared`` (one head) or ``separate`` (a query head and a document head; infonce only).
         select: early-stop and keep the best checkpoint by the dev ``metric`` or the dev ``loss``.
         eval_every: also score the dev split every this many optimizer steps (0: once per epoch).
         patience: stop after this many dev evaluations without a new best.
         cosent_scale: the CoSENT scale (inverse temperature) on cosine similarities.
+        anchor: weight of a pull toward the untrained head's output (``mean`` of the last layer):
+            ``anchor * mean(1 - cos(pooled, mean))`` over the batch's texts and output vectors is
+            added to the loss. It regularizes in the space the vectors are used in, so its scale
+            does not depend on the head's size.
+        guard_tolerance: with a guard split (:class:`Guard`), a checkpoint is kept only if its
+            guard metric is at least the untrained head's minus this.
     """
 
     objective: str = "infonce"  # infonce | cosent
+    pooler: str = "attention"  # attention | multilayer
     queries: int = 1
     heads: int = 1
     value_projection: bool = True
@@ -236,11 +255,25 @@ class TrainConfig:
     dev_fraction: float = 0.1
     select: str = "metric"  # metric | loss
     eval_every: int = 0
+    anchor: float = 0.0
+    guard_tolerance: float = 0.0
+
+
+@dataclass
+class Guard:
+    """A dev split of another task that training must not lose on (e.g. STS-B dev while
+    training on retrieval pairs): scored at every evaluation with its own ``objective``'s
+    metric (:func:`dev_metric`), and a checkpoint below the untrained head's score there (by
+    more than :attr:`TrainConfig.guard_tolerance`) is never kept."""
+
+    data: PairData
+    objective: str  # infonce | cosent
 
 
 @dataclass
 class TrainReport:
-    """``best_*`` describe the kept checkpoint (``best_step`` 0 = the untrained head, i.e. mean)."""
+    """``best_*`` describe the kept checkpoint (``best_step`` 0 = the untrained head, i.e. mean);
+    ``*_guard_metric`` are the guard split's (NaN without one)."""
 
     best_epoch: int
     best_dev_loss: float
@@ -249,21 +282,64 @@ class TrainReport:
     best_dev_metric: float = float("nan")
     step0_dev_metric: float = float("nan")
     best_step: int = 0
+    guard_metric: str = ""
+    step0_guard_metric: float = float("nan")
+    best_guard_metric: float = float("nan")
     history: list[dict] = field(default_factory=list)
 
 
 Head = AttentionHead | RoleHeads
 
 
+def layer_count(states: Sequence[Tensor]) -> int:
+    """Hidden layers in cached states: ``K`` of ``[K, n, D]`` all-layer states, 0 for last-layer ``[n, D]``."""
+    return states[0].shape[0] if states[0].dim() == 3 else 0
+
+
+def new_head(cfg: TrainConfig, dim: int, layers: int) -> Head:
+    """The untrained head ``cfg`` trains (= mean pooling) for states of size ``dim`` with
+    ``layers`` hidden layers (0: last-layer states)."""
+    if cfg.pooler not in POOLERS:
+        raise InvalidError(f"pooler must be one of {', '.join(POOLERS)}, got {cfg.pooler!r}")
+    separate = cfg.roles == "separate"
+    if cfg.pooler == "multilayer":
+        if not layers:
+            raise InvalidError("a multilayer head trains on every layer's states: cache them with all_layers=True")
+        head: Head = (MultiLayerRoleHeads if separate else MultiLayerHead)(dim, layers, cfg.queries,
+                                                                           cfg.value_projection, cfg.heads)
+    elif layers:
+        raise InvalidError("an attention head trains on last-layer states; these hold every layer")
+    else:
+        head = (RoleHeads if separate else AttentionHead)(dim, cfg.queries, cfg.value_projection, cfg.heads)
+    if cfg.queries > 1:  # break the symmetry between queries (all-zero scores would be identical)
+        with torch.no_grad():
+            for m in head.modules():
+                if isinstance(m, AttentionHead):
+                    m.score.weight.normal_(0, 0.01)
+    return head
+
+
+def _forward(head: Head, states: Sequence[Tensor], role: str) -> tuple[Tensor, Tensor]:
+    """The head's ``[B, Q, D]`` output and the untrained head's (the last layer's mean) ``[B, D]``."""
+    hidden, mask = pad(states)
+    last = hidden[-1] if hidden.dim() == 4 else hidden
+    w = mask.unsqueeze(-1).float()
+    return head(hidden, mask, role=role), (last * w).sum(1) / w.sum(1).clamp(min=1)
+
+
+def _flat(out: Tensor) -> Tensor:
+    """``[B, Q, D]`` -> the vector a text is compared by: ``[B, D]``, or ``[B, Q*D]`` for Q > 1."""
+    return out.flatten(1) if out.shape[1] > 1 else out[:, 0]
+
+
 def _pool(head: Head, states: Sequence[Tensor], role: str = "document") -> Tensor:
     hidden, mask = pad(states)
-    out = head(hidden, mask, role=role)  # [B, Q, D]
-    return out.flatten(1) if out.shape[1] > 1 else out[:, 0]
+    return _flat(head(hidden, mask, role=role))
 
 
 def pool_states(head: Head, states: Sequence[Tensor], role: str, chunk: int = 128) -> Tensor:
     """Pool many texts in length-sorted chunks (little padding); rows in input order."""
-    order = sorted(range(len(states)), key=lambda i: states[i].shape[0])
+    order = sorted(range(len(states)), key=lambda i: states[i].shape[-2])
     out = [None] * len(states)
     for s in range(0, len(order), chunk):
         ids = order[s:s + chunk]
@@ -272,16 +348,25 @@ def pool_states(head: Head, states: Sequence[Tensor], role: str, chunk: int = 12
     return torch.stack(out)  # type: ignore[arg-type]
 
 
-def _batch_loss(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConfig) -> Tensor:
+def _batch_loss(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConfig,
+                anchor: float = 0.0) -> Tensor:
+    """The task loss of a batch of pairs, plus ``anchor`` times the pull toward mean (see
+    :attr:`TrainConfig.anchor`)."""
     pairs = [data.pairs[i] for i in batch]
     q_role = "document" if cfg.objective == "cosent" else "query"  # STS pairs are symmetric
-    q = _pool(head, [data.queries[a] for a, _ in pairs], q_role)
-    d = _pool(head, [data.docs[b] for _, b in pairs], "document")
+    q_out, q_mean = _forward(head, [data.queries[a] for a, _ in pairs], q_role)
+    d_out, d_mean = _forward(head, [data.docs[b] for _, b in pairs], "document")
+    q, d = _flat(q_out), _flat(d_out)
     if cfg.objective == "cosent":
         assert data.scores is not None
-        return cosent(q, d, torch.tensor([data.scores[i] for i in batch]), cfg.cosent_scale)
-    doc_ids = torch.tensor([b for _, b in pairs])
-    return infonce(q, d, cfg.temperature, doc_ids[:, None] == doc_ids[None, :])
+        loss = cosent(q, d, torch.tensor([data.scores[i] for i in batch]), cfg.cosent_scale)
+    else:
+        doc_ids = torch.tensor([b for _, b in pairs])
+        loss = infonce(q, d, cfg.temperature, doc_ids[:, None] == doc_ids[None, :])
+    if anchor:
+        out, mean = torch.cat([q_out, d_out]), torch.cat([q_mean, d_mean])
+        loss = loss + anchor * (1 - F.cosine_similarity(out, mean.unsqueeze(1), dim=-1)).mean()
+    return loss
 
 
 def _eval_loss(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> float:
@@ -332,109 +417,124 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
 
 def train_head(data: PairData, dim: int, cfg: TrainConfig,
                progress: Callable[[dict], None] | None = None,
-               dev: PairData | None = None) -> tuple[Head, TrainReport]:
-    """Train an attention head on cached states; return the best head on the dev split.
+               dev: PairData | None = None, guard: Guard | None = None) -> tuple[Head, TrainReport]:
+    """Train an attention (or multilayer) head on cached states; return the best head on the dev split.
 
     ``dev``: a separate dev split (e.g. STS-B ``dev.tsv``); without it a ``dev_fraction`` of
-    ``data`` is carved off (by query for ``infonce``). Returns an :class:`AttentionHead`, or
-    :class:`RoleHeads` for ``roles="separate"``.
+    ``data`` is carved off (by query for ``infonce``). ``guard``: another task's split that a
+    kept checkpoint must not lose on (see :class:`Guard`). Returns an :class:`AttentionHead`
+    (:class:`MultiLayerHead` for ``pooler="multilayer"``), or the role pair for ``roles="separate"``.
 
     Runs on one thread: the head's tensors are small, and OpenMP's thread barriers made a
-    step 7x slower on two threads of a busy 2-core machine (measured).
+    step several times slower on two threads of a busy 2-core machine.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(data, dim, cfg, progress, dev)
+        return _Training(data, dim, cfg, progress, dev, guard).run()
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(data: PairData, dim: int, cfg: TrainConfig, progress: Callable[[dict], None] | None,
-           dev: PairData | None) -> tuple[Head, TrainReport]:
-    if cfg.select not in ("metric", "loss"):
-        raise InvalidError(f"select must be metric or loss, got {cfg.select!r}")
-    if cfg.roles not in ("shared", "separate"):
-        raise InvalidError(f"roles must be shared or separate, got {cfg.roles!r}")
-    if cfg.roles == "separate" and cfg.objective == "cosent":
-        raise InvalidError("separate query/document heads need query/document pairs; STS pairs are symmetric")
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    head: Head = (RoleHeads if cfg.roles == "separate" else AttentionHead)(dim, cfg.queries, cfg.value_projection,
-                                                                          cfg.heads)
-    if cfg.queries > 1:  # break the symmetry between queries (all-zero scores would be identical)
-        with torch.no_grad():
-            for m in head.modules():
-                if isinstance(m, AttentionHead):
-                    m.score.weight.normal_(0, 0.01)
-    if dev is None:
-        groups = [a for a, _ in data.pairs] if cfg.objective == "infonce" else None
-        train_idx, dev_idx = split_dev(len(data.pairs), cfg.dev_fraction, cfg.seed, groups)
-        dev_data = data
-    else:
-        train_idx, dev_idx, dev_data = list(range(len(data.pairs))), list(range(len(dev.pairs))), dev
-    # the dev loss is computed in batches: shuffle once so that a split sorted by score (or
-    # genre) does not give CoSENT batches with a single gold value
-    random.Random(cfg.seed).shuffle(dev_idx)
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+class _Training:
+    """One training run: the head, its optimizer, the dev (and guard) splits, and the best
+    checkpoint so far; :meth:`run` trains until the epochs or the patience run out."""
 
-    def evaluate(epoch: int, step: int, train_loss: float | None) -> tuple[dict, float]:
-        name, value = dev_metric(head, dev_data, dev_idx, cfg)
-        report.metric = name
-        return {"epoch": epoch, "step": step, "train_loss": train_loss,
-                "dev_loss": _eval_loss(head, dev_data, dev_idx, cfg), f"dev_{name}": value}, value
+    def __init__(self, data: PairData, dim: int, cfg: TrainConfig, progress: Callable[[dict], None] | None,
+                 dev: PairData | None, guard: Guard | None) -> None:
+        if cfg.select not in ("metric", "loss"):
+            raise InvalidError(f"select must be metric or loss, got {cfg.select!r}")
+        if cfg.roles not in ("shared", "separate"):
+            raise InvalidError(f"roles must be shared or separate, got {cfg.roles!r}")
+        if cfg.roles == "separate" and cfg.objective == "cosent":
+            raise InvalidError("separate query/document heads need query/document pairs; STS pairs are symmetric")
+        if guard is not None and guard.objective not in ("infonce", "cosent"):
+            raise InvalidError(f"guard objective must be infonce or cosent, got {guard.objective!r}")
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.data, self.progress, self.guard = cfg, data, progress, guard
+        self.rng = random.Random(cfg.seed)
+        self.head = new_head(cfg, dim, layer_count(data.docs))
+        if dev is None:
+            groups = [a for a, _ in data.pairs] if cfg.objective == "infonce" else None
+            self.train_idx, self.dev_idx = split_dev(len(data.pairs), cfg.dev_fraction, cfg.seed, groups)
+            self.dev = data
+        else:
+            self.train_idx, self.dev_idx, self.dev = list(range(len(data.pairs))), list(range(len(dev.pairs))), dev
+        # the dev loss is computed in batches: shuffle once so that a split sorted by score (or
+        # genre) does not give CoSENT batches with a single gold value
+        random.Random(cfg.seed).shuffle(self.dev_idx)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        first = self.evaluate(0, 0, None)
+        self.report = TrainReport(best_epoch=0, best_dev_loss=first["dev_loss"], step0_dev_loss=first["dev_loss"],
+                                  metric=first["metric"], best_dev_metric=first["value"],
+                                  step0_dev_metric=first["value"], guard_metric=first.get("guard_metric", ""),
+                                  step0_guard_metric=first.get("guard", float("nan")),
+                                  best_guard_metric=first.get("guard", float("nan")), history=[first["row"]])
+        self.best_state = self._snapshot()
+        self.bad = 0
 
-    report = TrainReport(best_epoch=0, best_dev_loss=float("nan"), step0_dev_loss=float("nan"))
-    first, metric0 = evaluate(0, 0, None)
-    report.best_dev_loss = report.step0_dev_loss = first["dev_loss"]
-    report.best_dev_metric = report.step0_dev_metric = metric0
-    report.history.append(first)
-    best_state = {k: v.clone() for k, v in head.state_dict().items()}
-    bad, step = 0, 0
+    def _snapshot(self) -> dict[str, Tensor]:
+        return {k: v.clone() for k, v in self.head.state_dict().items()}
 
-    def record(row: dict, metric: float) -> bool:
-        """Keep the checkpoint if it beats every earlier one (step 0 included); True when
-        patience has run out."""
-        nonlocal best_state, bad
+    def evaluate(self, epoch: int, step: int, train_loss: float | None) -> dict:
+        """The dev metric and loss (and the guard's metric) of the head as it is now."""
+        name, value = dev_metric(self.head, self.dev, self.dev_idx, self.cfg)
+        row = {"epoch": epoch, "step": step, "train_loss": train_loss,
+               "dev_loss": _eval_loss(self.head, self.dev, self.dev_idx, self.cfg), f"dev_{name}": value}
+        out = {"row": row, "metric": name, "value": value, "dev_loss": row["dev_loss"]}
+        if self.guard is not None:
+            g_name, g_value = dev_metric(self.head, self.guard.data, range(len(self.guard.data.pairs)),
+                                         replace(self.cfg, objective=self.guard.objective))
+            row[f"guard_{g_name}"] = g_value
+            out.update(guard_metric=g_name, guard=g_value)
+        return out
+
+    def record(self, result: dict) -> bool:
+        """Keep the checkpoint if it beats every earlier one (step 0 included) and passes the
+        guard; True when patience has run out."""
+        cfg, report, row = self.cfg, self.report, result["row"]
         if cfg.select == "metric":
-            improved = metric > report.best_dev_metric + 1e-5
+            improved = result["value"] > report.best_dev_metric + 1e-5
         else:
             improved = row["dev_loss"] < report.best_dev_loss - 1e-4
+        if self.guard is not None and result["guard"] < report.step0_guard_metric - cfg.guard_tolerance:
+            improved = False
+            row["guard_refused"] = True
         report.history.append(row)
-        if progress:
-            progress(row)
+        if self.progress:
+            self.progress(row)
         if improved:
             report.best_epoch, report.best_step = row["epoch"], row["step"]
-            report.best_dev_loss, report.best_dev_metric = row["dev_loss"], metric
-            best_state = {k: v.clone() for k, v in head.state_dict().items()}
-            bad = 0
+            report.best_dev_loss, report.best_dev_metric = row["dev_loss"], result["value"]
+            report.best_guard_metric = result.get("guard", float("nan"))
+            self.best_state = self._snapshot()
+            self.bad = 0
             return False
-        bad += 1
-        return bad >= cfg.patience
+        self.bad += 1
+        return self.bad >= cfg.patience
 
-    stop = False
-    for epoch in range(1, cfg.epochs + 1):
-        order = train_idx[:]
-        rng.shuffle(order)
-        total, n = 0.0, 0
-        batches = [order[s:s + cfg.batch_size] for s in range(0, len(order), cfg.batch_size)]
-        batches = [b for b in batches if len(b) >= 2]
-        for i, batch in enumerate(batches):
-            loss = _batch_loss(head, data, batch, cfg)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            step += 1
-            total += loss.item() * len(batch)
-            n += len(batch)
-            last = i == len(batches) - 1
-            if last or (cfg.eval_every and step % cfg.eval_every == 0):
-                stop = record(*evaluate(epoch, step, total / max(n, 1)))
-                if stop:
-                    break
-        if stop:
-            break
-    head.load_state_dict(best_state)
-    return head.eval(), report
+    def run(self) -> tuple[Head, TrainReport]:
+        cfg, step = self.cfg, 0
+        for epoch in range(1, cfg.epochs + 1):
+            order = self.train_idx[:]
+            self.rng.shuffle(order)
+            total, n = 0.0, 0
+            batches = [order[s:s + cfg.batch_size] for s in range(0, len(order), cfg.batch_size)]
+            batches = [b for b in batches if len(b) >= 2]
+            for i, batch in enumerate(batches):
+                loss = _batch_loss(self.head, self.data, batch, cfg, cfg.anchor)
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                step += 1
+                total += loss.item() * len(batch)
+                n += len(batch)
+                last = i == len(batches) - 1
+                if (last or (cfg.eval_every and step % cfg.eval_every == 0)) and \
+                        self.record(self.evaluate(epoch, step, total / max(n, 1))):
+                    return self._finish()
+        return self._finish()
 
-
+    def _finish(self) -> tuple[Head, TrainReport]:
+        self.head.load_state_dict(self.best_state)
+        return self.head.eval(), self.report

@@ -1,4 +1,6 @@
-"""``embedpool train-attention``: train the attention pooler's head on a frozen encoder."""
+"""``embedpool train-pooler`` (also ``train-attention``, its first name): train the head of a
+learned pooler (``attention`` over the last layer, or ``multilayer`` over every layer) on a
+frozen encoder."""
 
 from __future__ import annotations
 
@@ -19,11 +21,17 @@ from embedpool.errors import InvalidError
 
 
 def register(sub) -> None:
+    for name in ("train-pooler", "train-attention"):
+        _register(sub, name)
+
+
+def _register(sub, name: str) -> None:
     p = command(
-        sub, "train-attention", run, help="train a learned attention pooler head",
-        description="Train the attention pooler on cached token states of a frozen encoder. "
+        sub, name, run, help="train a learned pooler head (attention or multilayer)"
+        + ("; the first name of train-pooler" if name != "train-pooler" else ""),
+        description="Train the head of a learned pooler on cached token states of a frozen encoder. "
                     "The output folder holds head.safetensors + head.json, used as "
-                    "--pooler attention:weights=DIR.")
+                    "--pooler attention:weights=DIR (or multilayer:weights=DIR).")
     add_data_sources(p, ("--corpus", "unlabeled corpus (BEIR corpus.jsonl) for --self-supervised"))
     p.add_argument("--split", default="train", help="training split (default train; a dev part is carved from it)")
     p.add_argument("--dev-split", default=None,
@@ -32,6 +40,22 @@ def register(sub) -> None:
     p.add_argument("--self-supervised", choices=["ict"], help="objective for --corpus (inverse cloze task)")
     p.add_argument("--max-docs", type=int, default=None, help="with --corpus: use at most this many documents")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--pooler", choices=["attention", "multilayer"], default="attention",
+                   help="attention: learned queries over the last layer's tokens; multilayer: over every "
+                        "hidden layer's tokens, with learned layer weights (both start as mean pooling)")
+    p.add_argument("--anchor", type=float, default=0.0, metavar="W",
+                   help="pull the pooled vectors toward mean pooling's: adds W * mean(1 - cos(pooled, mean)) "
+                        "to the loss, against over-fitting the training domain (0: off)")
+    guard = p.add_mutually_exclusive_group()
+    guard.add_argument("--guard-data", metavar="DIR",
+                       help="a BEIR folder of another domain: never keep a checkpoint whose nDCG@10 on its "
+                            "--guard-split is below the untrained head's (mean pooling's)")
+    guard.add_argument("--guard-sts", metavar="DIR", help="the same with an STS folder (Spearman)")
+    p.add_argument("--guard-split", default=None,
+                   help="split of the guard folder (default: dev for --guard-sts, train for --guard-data); "
+                        "never test")
+    p.add_argument("--guard-tolerance", type=float, default=0.0, metavar="D",
+                   help="allow the guard metric this far below the untrained head's")
     p.add_argument("--queries", type=int, default=1, help="output vectors per text (PMA-style)")
     p.add_argument("--heads", type=int, default=1,
                    help="attention heads: each pools its own slice of the state dimensions (must divide it)")
@@ -67,18 +91,29 @@ class Texts:
     spans: list | None = None
 
 
-def _pairs(args: argparse.Namespace, split: str) -> Texts:
-    """Pairs of ``split`` of ``--data`` (BEIR qrels) or ``--sts`` (via :mod:`app.datasets`)."""
-    if args.data:
-        return Texts("infonce", datasets.load_beir(args.data, split).pairs())
-    rows = datasets.load_sts(args.sts, split)
+def _pairs(beir: str | None, sts: str | None, split: str) -> Texts:
+    """Pairs of ``split`` of the BEIR folder ``beir`` (qrels) or the STS folder ``sts`` (via
+    :mod:`app.datasets`)."""
+    if beir:
+        return Texts("infonce", datasets.load_beir(beir, split).pairs())
+    rows = datasets.load_sts(sts, split)
     return Texts("cosent", [(a, b) for a, b, _ in rows], [s for _, _, s in rows])
+
+
+def guard_texts(args: argparse.Namespace) -> Texts | None:
+    """The ``--guard-data`` / ``--guard-sts`` pairs (``None`` without a guard)."""
+    if not (args.guard_data or args.guard_sts):
+        return None
+    split = args.guard_split or ("train" if args.guard_data else "dev")
+    if split == "test":
+        raise UsageError("--guard-split test: early stopping must not look at a test split")
+    return _pairs(args.guard_data, args.guard_sts, split)
 
 
 def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
     """The training texts and the dev texts (``--dev-split``; ``None``: carved from training)."""
     if args.data or args.sts:
-        train = _pairs(args, args.split)
+        train = _pairs(args.data, args.sts, args.split)
     else:
         from embedpool.poolers.training import ict_spans
 
@@ -95,102 +130,121 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
             raise UsageError("--dev-split test: early stopping must not look at the test split")
         if not (args.data or args.sts):
             raise UsageError("--dev-split needs --data or --sts")
-        dev = _pairs(args, args.dev_split)
+        dev = _pairs(args.data, args.sts, args.dev_split)
     if len(train.pairs) < 4:
         raise InvalidError(f"only {len(train.pairs)} training pairs found; need at least 4")
     return train, dev
 
 
-def _states(encoder, train: Texts, dev: Texts | None, cache: Path):
-    """Token states of the training and dev texts (``PairData``), from the state cache.
+def _role(texts: Texts) -> str:
+    """The role the first text of a pair is encoded as: STS pairs are symmetric (document)."""
+    return "document" if texts.objective == "cosent" else "query"
+
+
+def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_layers: bool):
+    """Token states of the training texts and of each of ``others`` (the dev and guard texts;
+    ``None`` stays ``None``) as ``PairData``, from the state cache; every hidden layer's with
+    ``all_layers``.
 
     Queries and documents are cached separately (the model may prompt them differently); STS
     pairs are symmetric and use the document role for both sides."""
     from embedpool.poolers.training import PairData, cache_token_states, ict_positive_states, pair_states
 
-    q_role = "document" if train.objective == "cosent" else "query"
     if train.docs is not None:
         n_texts = len({a for a, _ in train.pairs}) + len(train.docs)
     else:
-        n_texts = sum(len({a for a, _ in t.pairs}) + len({b for _, b in t.pairs}) for t in (train, dev) if t)
+        n_texts = len({a for a, _ in train.pairs}) + len({b for _, b in train.pairs})
+    n_texts += sum(len({a for a, _ in t.pairs}) + len({b for _, b in t.pairs}) for t in others if t)
     with tqdm(total=n_texts, desc="token states", unit="text", file=sys.stderr) as bar:
+        def states(texts: Texts) -> PairData:
+            return pair_states(encoder, texts.pairs, texts.scores, query_role=_role(texts), cache_dir=cache,
+                               progress=bar.update, all_layers=all_layers)
+
         if train.docs is not None:
             # ICT: the sentences are encoded as queries; each positive is its document's cached
             # token states without the sentence's tokens (one pass over the corpus, shared
             # with evaluation, instead of encoding every "rest of the document" again)
             q_texts = sorted({sp.sentence for sp in train.spans})
-            q_states = cache_token_states(encoder, q_texts, "query", cache, bar.update)
-            doc_states = cache_token_states(encoder, train.docs, "document", cache, bar.update)
+            q_states = cache_token_states(encoder, q_texts, "query", cache, bar.update, all_layers)
+            doc_states = cache_token_states(encoder, train.docs, "document", cache, bar.update, all_layers)
             q_pos = {t: i for i, t in enumerate(q_texts)}
             data = PairData(q_states, ict_positive_states(encoder, train.docs, doc_states, train.spans),
                             [(q_pos[sp.sentence], k) for k, sp in enumerate(train.spans)])
             del doc_states
         else:
-            data = pair_states(encoder, train.pairs, train.scores, query_role=q_role, cache_dir=cache,
-                               progress=bar.update)
-        dev_data = (pair_states(encoder, dev.pairs, dev.scores, query_role=q_role, cache_dir=cache,
-                                progress=bar.update) if dev else None)
-    return data, dev_data
+            data = states(train)
+        return data, [states(t) if t else None for t in others]
 
 
 def _config(args: argparse.Namespace, objective: str):
     from embedpool.poolers.training import TrainConfig
 
-    return TrainConfig(objective=objective, queries=args.queries, heads=args.heads, roles=args.roles,
-                       value_projection=not args.no_value_projection, epochs=args.epochs,
+    return TrainConfig(objective=objective, pooler=args.pooler, queries=args.queries, heads=args.heads,
+                       roles=args.roles, value_projection=not args.no_value_projection, epochs=args.epochs,
                        batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
                        temperature=args.temperature, cosent_scale=args.cosent_scale,
                        patience=args.patience, seed=args.seed, dev_fraction=args.dev_fraction,
-                       select=args.select, eval_every=args.eval_every)
+                       select=args.select, eval_every=args.eval_every, anchor=args.anchor,
+                       guard_tolerance=args.guard_tolerance)
 
 
-def _train(data, dev, hidden_size: int, cfg):
+def _train(data, dev, guard, hidden_size: int, cfg):
     from embedpool.poolers.training import train_head
 
     bar = tqdm(desc="training", unit="eval", file=sys.stderr)
 
     def on_eval(row: dict) -> None:
         bar.update(1)
-        bar.set_postfix({k: f"{v:.4f}" for k, v in row.items() if k.startswith(("train", "dev")) and v is not None})
+        bar.set_postfix({k: f"{v:.4f}" for k, v in row.items()
+                         if k.startswith(("train", "dev", "guard_")) and isinstance(v, float)})
 
     try:
-        return train_head(data, hidden_size, cfg, on_eval, dev)
+        return train_head(data, hidden_size, cfg, on_eval, dev, guard)
     finally:
         bar.close()
 
 
 def _summary(args: argparse.Namespace, out: Path, train: Texts, dev: Texts | None, report,
              states_s: float, train_s: float) -> dict:
+    guard = args.guard_data or args.guard_sts
     return {
-        "out": str(out), "pairs": len(train.pairs), "dev_pairs": len(dev.pairs) if dev else None,
-        "objective": train.objective, "roles": args.roles, "select": args.select,
+        "out": str(out), "pooler": f"{args.pooler}:weights={out}", "pairs": len(train.pairs),
+        "dev_pairs": len(dev.pairs) if dev else None,
+        "objective": train.objective, "roles": args.roles, "select": args.select, "anchor": args.anchor,
         "dev": (f"{args.dev_split} split" if args.dev_split
                 else f"{args.dev_fraction:.0%} of the ICT pairs" if args.corpus
                 else f"{args.dev_fraction:.0%} carved from {args.split}"),
         "dev_metric": report.metric,
         "step0_dev_metric": round(report.step0_dev_metric, 5), "best_dev_metric": round(report.best_dev_metric, 5),
         "step0_dev_loss": round(report.step0_dev_loss, 5), "best_dev_loss": round(report.best_dev_loss, 5),
+        **({"guard": f"{guard} {args.guard_split or ('train' if args.guard_data else 'dev')}",
+            "guard_metric": report.guard_metric, "step0_guard_metric": round(report.step0_guard_metric, 5),
+            "best_guard_metric": round(report.best_guard_metric, 5)} if guard else {}),
         "best_epoch": report.best_epoch, "best_step": report.best_step,
         "epochs_run": max(r["epoch"] for r in report.history),
         "token_state_seconds": round(states_s, 1), "train_seconds": round(train_s, 1),
-        "pooler": f"attention:weights={out}",
     }
 
 
 def run(args: argparse.Namespace) -> int:
+    from embedpool.poolers.training import Guard
+
     train, dev = training_texts(args)
+    guard = guard_texts(args)
     encoder = load_embedder(from_args(args)).encoder
     out = Path(args.out)
     cache = Path(args.cache_dir) if args.cache_dir else out.parent / ".state-cache"
     started = time.perf_counter()
-    data, dev_data = _states(encoder, train, dev, cache)
+    data, (dev_data, guard_data) = _states(encoder, train, [dev, guard], cache, args.pooler == "multilayer")
     states_s = time.perf_counter() - started
     t0 = time.perf_counter()
-    head, report = _train(data, dev_data, encoder.hidden_size, _config(args, train.objective))
+    head, report = _train(data, dev_data, Guard(guard_data, guard.objective) if guard else None,
+                          encoder.hidden_size, _config(args, train.objective))
     train_s = time.perf_counter() - t0
     head.save(out, encoder=encoder.model_id, objective=train.objective, source=str(args.data or args.sts or args.corpus),
               split=args.split, dev_split=args.dev_split, self_supervised=args.self_supervised, seed=args.seed,
-              best_epoch=report.best_epoch, best_step=report.best_step)
+              best_epoch=report.best_epoch, best_step=report.best_step, anchor=args.anchor,
+              guard=str(args.guard_data or args.guard_sts or "") or None)
     summary = _summary(args, out, train, dev, report, states_s, train_s)
     (out / "train_report.json").write_text(json.dumps({**summary, "history": report.history}, indent=2))
     if report.best_step == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,9 +11,9 @@ import torch
 from embedpool.poolers import build_pooler
 from embedpool.poolers.attention import AttentionHead, RoleHeads
 from embedpool.poolers.states import TokenStates
-from embedpool.poolers.training import (PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
-                              ict_positive_states, ict_spans, pad,
-                              split_dev, train_head)
+from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
+from embedpool.poolers.training import (Guard, PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
+                                        ict_positive_states, ict_spans, pad, split_dev, train_head)
 
 
 def _synthetic(n_pairs: int = 96, dim: int = 32, noise_tokens: int = 12, seed: int = 0) -> PairData:
@@ -269,3 +271,80 @@ def test_cached_states_reload_and_trained_head_serves(tmp_path, encoder, embedde
         direct = head(hidden, mask)[:, 0].numpy()
     np.testing.assert_allclose(got, direct, atol=2e-2)  # cache is float16
     assert build_pooler(spec, model_id=encoder.model_id).head_config["encoder"] == encoder.model_id
+
+
+def _cos_to_mean(head, states) -> float:
+    """How close the head's vectors stay to mean pooling's on ``states`` (mean cosine)."""
+    hidden, mask, mean = _mean(states)
+    with torch.no_grad():
+        return torch.cosine_similarity(head(hidden, mask)[:, 0], mean, dim=-1).mean().item()
+
+
+def test_anchor_pulls_the_trained_head_toward_mean():
+    data = _synthetic()
+    free, free_report = train_head(data, 32, TrainConfig(epochs=10, batch_size=16, lr=5e-2, patience=10, seed=1))
+    held, held_report = train_head(data, 32, TrainConfig(epochs=10, batch_size=16, lr=5e-2, patience=10, seed=1,
+                                                         anchor=20.0))
+    assert free_report.best_step > 0 and held_report.best_step > 0  # both trained
+    assert _cos_to_mean(held, data.docs) > _cos_to_mean(free, data.docs) + 0.05
+    assert _cos_to_mean(held, data.docs) < 1 - 1e-3  # held near mean, not at it
+
+
+def test_guard_keeps_no_checkpoint_that_loses_on_another_task():
+    """The guard task is scored by mean pooling's own cosines, so the untrained head is perfect
+    on it (Spearman 1) and every trained checkpoint loses there."""
+    train = _synthetic()
+    other = _synthetic(48, seed=2)
+    other.pairs = [(i, (i * 5 + k) % 48) for i in range(48) for k in (0, 1)]
+    _, _, mq = _mean(other.queries)
+    _, _, md = _mean(other.docs)
+    other.scores = [torch.cosine_similarity(mq[a], md[b], dim=0).item() for a, b in other.pairs]
+    cfg = TrainConfig(epochs=6, batch_size=16, lr=5e-2, patience=6, seed=1)
+    free, free_report = train_head(train, 32, cfg)
+    assert free_report.best_step > 0 and free_report.best_dev_metric > free_report.step0_dev_metric
+    head, report = train_head(train, 32, cfg, guard=Guard(other, "cosent"))
+    assert report.guard_metric == "spearman" and report.step0_guard_metric == pytest.approx(1.0)
+    assert all(r["guard_refused"] for r in report.history[1:]) and len(report.history) > 2
+    assert report.best_step == 0  # the untrained head, i.e. mean
+    assert _cos_to_mean(head, train.docs) == pytest.approx(1.0, abs=1e-6)
+    # a tolerance as wide as the metric's range refuses nothing: the run is the unguarded one
+    loose, loose_report = train_head(train, 32, replace(cfg, guard_tolerance=2.0), guard=Guard(other, "cosent"))
+    assert loose_report.best_step == free_report.best_step
+    assert loose_report.best_guard_metric < 1.0 - 1e-4
+    for (k, v), (_, v2) in zip(loose.state_dict().items(), free.state_dict().items()):
+        assert torch.equal(v, v2), k
+
+
+def test_multilayer_head_trains_on_every_layer_and_serves(tmp_path, encoder, embedder):
+    texts = ["cached token states", "are computed once", "for every layer of the encoder"]
+    last = cache_token_states(encoder, texts, "document", tmp_path)
+    every = cache_token_states(encoder, texts, "document", tmp_path, all_layers=True)
+    assert len(list(tmp_path.glob("states-*.pt"))) == 2  # the two caches have their own keys
+    for one, all_ in zip(last, every):
+        assert all_.dtype == torch.float16 and all_.shape == (7, *one.shape)  # embeddings + 6 layers
+        torch.testing.assert_close(all_[-1], one, atol=0, rtol=0)  # the last layer is the last-layer cache
+    data = PairData(every, every, [(0, 0), (1, 1), (2, 2)])
+    with pytest.raises(ValueError, match="attention head trains on last-layer states"):
+        train_head(data, 384, TrainConfig(epochs=1, batch_size=2))
+    with pytest.raises(ValueError, match="multilayer head trains on every layer's states"):
+        train_head(PairData(last, last, data.pairs), 384, TrainConfig(pooler="multilayer", epochs=1, batch_size=2))
+    for roles, made in (("shared", MultiLayerHead), ("separate", MultiLayerRoleHeads)):
+        cfg = TrainConfig(pooler="multilayer", roles=roles, epochs=2, batch_size=3, lr=0.05, dev_fraction=0.34,
+                          patience=2)
+        head, _ = train_head(data, 384, cfg)
+        assert type(head) is made and head.layers == 7
+        with torch.no_grad():
+            for m in head.modules():
+                if isinstance(m, MultiLayerHead):  # make sure it differs from mean
+                    m.score.weight.normal_(0, 0.3)
+                    m.layer_mix.normal_(0, 0.3)
+        head.save(tmp_path / roles, encoder=encoder.model_id)
+        spec = f"multilayer:weights={tmp_path / roles}"
+        got = embedder.embed(texts, [spec], normalize=False).matrix(spec)
+        hidden, mask = pad(every)
+        assert hidden.shape[:2] == (7, 3)
+        with torch.no_grad():
+            direct = head(hidden, mask, role="document")[:, 0].numpy()
+        np.testing.assert_allclose(got, direct, atol=2e-2)  # the cache is float16
+        mean = embedder.embed(texts, ["mean"], normalize=False).matrix("mean")
+        assert not np.allclose(got, mean, atol=1e-2)
