@@ -49,3 +49,19 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
                      "--cache-dir", str(tmp_path / "cache")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["objective"] == "infonce" and summary["pairs"] == 8
+
+    # train-pooler: the multilayer head, early stopping guarded by the other task's split
+    out = tmp_path / "head-ml"
+    assert cli.main(["train-pooler", "--pooler", "multilayer", "--sts", str(sts), "--dev-split", "dev",
+                     "--guard-data", str(beir), "--anchor", "0.5", "--epochs", "1", "--out", str(out),
+                     "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["pooler"] == f"multilayer:weights={out}" and summary["anchor"] == 0.5
+    assert summary["guard"].endswith("beir train") and summary["guard_metric"] == "ndcg@10"
+    report = json.loads((out / "train_report.json").read_text())
+    assert all("guard_ndcg@10" in row for row in report["history"])
+    assert embedder.pooler(summary["pooler"]).spec.startswith("multilayer")
+    assert len(embedder.embed(["a cat"], [summary["pooler"]]).matrix(summary["pooler"])[0]) == 384
+    assert cli.main(["train-pooler", "--sts", str(sts), "--guard-data", str(beir), "--guard-split", "test",
+                     "--out", str(out)]) == 2
+    assert "must not look at a test split" in capsys.readouterr().err
