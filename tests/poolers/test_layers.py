@@ -228,3 +228,25 @@ def test_attention_and_multilayer_heads_are_not_interchangeable(tmp_path, encode
         build_pooler(f"attention:weights={tmp_path / 'ml'}", model_id=encoder.model_id)
     with pytest.raises(PoolerSpecError, match="head for pooler 'attention', not 'multilayer'; use attention:weights="):
         build_pooler(f"multilayer:weights={tmp_path / 'att'}", model_id=encoder.model_id)
+
+
+def test_a_trained_multilayer_head_is_batch_invariant_over_long_inputs(tmp_path, embedder, encoder, varied_texts,
+                                                                      scifact_docs):
+    """Long abstracts (many cut at the 256-token window) beside short texts, with a forward budget
+    of two full windows: the texts spread over many padded batches, and each text's vector is
+    the one it gets alone."""
+    _trained(MultiLayerRoleHeads, queries=2).save(tmp_path / "h", encoder=encoder.model_id)
+    spec = f"multilayer:weights={tmp_path / 'h'}"
+    texts = [t for pair in zip(scifact_docs[:24], varied_texts[:24]) for t in pair]
+    assert sum(len(encoder.tokenizer(t)["input_ids"]) > encoder.max_length for t in texts) >= 3
+    old, calls = encoder.max_batch_tokens, encoder.stats.forward_calls
+    encoder.max_batch_tokens = 2 * encoder.max_length
+    try:
+        together = {role: embedder.embed(texts, [spec, "mean"], role=role) for role in ("query", "document")}
+    finally:
+        encoder.max_batch_tokens = old
+    assert encoder.stats.forward_calls - calls >= 2 * 10  # each role's call ran many forward batches
+    for i in range(0, len(texts), 7):
+        for role, r in together.items():
+            alone = embedder.embed([texts[i]], [spec], role=role).vectors[spec][0]
+            np.testing.assert_allclose(r.vectors[spec][i], alone, atol=1e-5, err_msg=f"{role} {i}")
