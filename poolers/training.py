@@ -236,6 +236,9 @@ class TrainConfig:
             does not depend on the head's size.
         guard_tolerance: with a guard split (:class:`Guard`), a checkpoint is kept only if its
             guard metric is at least the untrained head's minus this.
+        layer_lr: the learning rate of a multilayer head's layer weights, as a multiple of ``lr``.
+            Adam moves each parameter by about ``lr`` a step whatever its gradient's scale, and a
+            layer weight must travel ~0.1-1 to matter where a token score needs ~0.01.
     """
 
     objective: str = "infonce"  # infonce | cosent
@@ -257,6 +260,7 @@ class TrainConfig:
     eval_every: int = 0
     anchor: float = 0.0
     guard_tolerance: float = 0.0
+    layer_lr: float = 1.0
 
 
 @dataclass
@@ -463,7 +467,11 @@ class _Training:
         # the dev loss is computed in batches: shuffle once so that a split sorted by score (or
         # genre) does not give CoSENT batches with a single gold value
         random.Random(cfg.seed).shuffle(self.dev_idx)
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        named = dict(self.head.named_parameters())
+        mix = [p for n, p in named.items() if n.rsplit(".", 1)[-1] == "layer_mix"]
+        rest = [p for n, p in named.items() if n.rsplit(".", 1)[-1] != "layer_mix"]
+        groups = [{"params": rest}, *([{"params": mix, "lr": cfg.lr * cfg.layer_lr}] if mix else [])]
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         first = self.evaluate(0, 0, None)
         self.report = TrainReport(best_epoch=0, best_dev_loss=first["dev_loss"], step0_dev_loss=first["dev_loss"],
                                   metric=first["metric"], best_dev_metric=first["value"],

@@ -43,6 +43,8 @@ def _register(sub, name: str) -> None:
     p.add_argument("--pooler", choices=["attention", "multilayer"], default="attention",
                    help="attention: learned queries over the last layer's tokens; multilayer: over every "
                         "hidden layer's tokens, with learned layer weights (both start as mean pooling)")
+    p.add_argument("--layer-lr", type=float, default=1.0, metavar="X",
+                   help="multilayer: the layer weights' learning rate as a multiple of --lr")
     p.add_argument("--anchor", type=float, default=0.0, metavar="W",
                    help="pull the pooled vectors toward mean pooling's: adds W * mean(1 - cos(pooled, mean)) "
                         "to the loss, against over-fitting the training domain (0: off)")
@@ -184,7 +186,7 @@ def _config(args: argparse.Namespace, objective: str):
                        batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
                        temperature=args.temperature, cosent_scale=args.cosent_scale,
                        patience=args.patience, seed=args.seed, dev_fraction=args.dev_fraction,
-                       select=args.select, eval_every=args.eval_every, anchor=args.anchor,
+                       select=args.select, eval_every=args.eval_every, anchor=args.anchor, layer_lr=args.layer_lr,
                        guard_tolerance=args.guard_tolerance)
 
 

@@ -348,3 +348,28 @@ def test_multilayer_head_trains_on_every_layer_and_serves(tmp_path, encoder, emb
         np.testing.assert_allclose(got, direct, atol=2e-2)  # the cache is float16
         mean = embedder.embed(texts, ["mean"], normalize=False).matrix("mean")
         assert not np.allclose(got, mean, atol=1e-2)
+
+
+def test_layer_lr_scales_the_step_of_the_layer_weights_only():
+    """All-layer synthetic states (the signal token is visible in the first layer only): the
+    layer weights move further with a larger ``layer_lr``."""
+    base = _synthetic(32)
+    g = torch.Generator().manual_seed(3)
+
+    def layers(states):
+        out = []
+        for s in states:
+            first = s.clone()
+            last = s.clone()
+            last[:, -1] = 0.0
+            out.append(torch.stack([first, (last + 0.1 * torch.randn(last.shape, generator=g)).half(), last]))
+        return out
+
+    data = PairData(layers(base.queries), layers(base.docs), base.pairs)
+    cfg = TrainConfig(pooler="multilayer", epochs=1, batch_size=8, lr=1e-3, patience=5, eval_every=1, seed=0)
+    moved = {}
+    for x in (1.0, 30.0):
+        head, report = train_head(data, 32, replace(cfg, layer_lr=x, select="loss"))
+        assert report.best_step > 0
+        moved[x] = (head.layer_mix.abs().max().item(), report.best_step)
+    assert moved[30.0][0] > 5 * moved[1.0][0], moved

@@ -1,0 +1,254 @@
+"""Do trained pooler heads travel? Every head trained with 3 seeds on SciFact train and on STS-B
+train, scored on SciFact test and STS-B test, with paired tests against `mean` and against the
+last-layer `attention` head of the same seed.
+
+Heads (each `embedpool train-pooler` as a user would run it, into bench/.heads/):
+
+- `attention`: the last-layer head as the README trains it (SciFact: separate query/document
+  heads; STS-B: CoSENT, stopped on STS-B dev);
+- `multilayer`: the same settings with `--pooler multilayer` (every layer, learned layer weights);
+- `multilayer+anchor` / `attention+anchor`: `--anchor W`, pulling the pooled vectors toward
+  mean's (no extra data; W = 10 chosen on the dev splits, docs/attention.md);
+- `multilayer-lr30` (+`anchor`): the layer weights at 30x the learning rate (`--layer-lr 30`);
+- `multilayer+guard` / `attention+guard`: early stopping guarded by the *other* task's non-test
+  split (trained on SciFact: STS-B dev; trained on STS-B: SciFact train), so no kept checkpoint
+  scores below mean there.
+
+Scoring is `embedpool eval`: one SciFact run with every head (one forward pass serves them all;
+nDCG@10, p by ranx's paired t-test against mean, and scipy's paired t-test on the same per-query
+nDCG@10 against the attention head of the seed), and STS-B runs against mean and against each
+seed's attention head (paired bootstrap of the Spearman difference). A head "holds out of
+domain" when no seed loses significantly against mean (p < 0.05 with a lower score).
+
+    .venv/bin/python bench/train_generalize.py sweep    # the anchor weight, on dev splits only
+    .venv/bin/python bench/train_generalize.py train [--jobs 2]
+    .venv/bin/python bench/train_generalize.py eval     # writes bench/results/train_generalize.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+SCIFACT, STSB = str(DATA / "scifact"), str(DATA / "stsb")
+HEADS = ROOT / "bench" / ".heads"
+CACHE = ROOT / "bench" / "results" / "cache"
+OUT = ROOT / "bench" / "results" / "train_generalize.json"
+EMBEDPOOL = str(ROOT / ".venv" / "bin" / "embedpool")
+SEEDS = (0, 1, 2)
+ANCHOR = "10"
+
+TRAIN = {  # the README's commands for the attention head
+    "scifact": ["--data", SCIFACT, "--split", "train", "--roles", "separate"],
+    "stsb": ["--sts", STSB, "--split", "train", "--dev-split", "dev", "--cosent-scale", "5", "--lr", "3e-4",
+             "--eval-every", "30", "--patience", "6"],
+}
+GUARD = {"scifact": ["--guard-sts", STSB], "stsb": ["--guard-data", SCIFACT]}
+VARIANTS = {
+    "attention": lambda s: ["--pooler", "attention"],
+    "attention+guard": lambda s: ["--pooler", "attention", *GUARD[s]],
+    "attention+anchor": lambda s: ["--pooler", "attention", "--anchor", ANCHOR],
+    "multilayer": lambda s: ["--pooler", "multilayer"],
+    "multilayer+anchor": lambda s: ["--pooler", "multilayer", "--anchor", ANCHOR],
+    "multilayer+guard": lambda s: ["--pooler", "multilayer", *GUARD[s]],
+    "multilayer-lr30": lambda s: ["--pooler", "multilayer", "--layer-lr", "30"],
+    "multilayer-lr30+anchor": lambda s: ["--pooler", "multilayer", "--layer-lr", "30", "--anchor", ANCHOR],
+}
+
+
+def cpu() -> dict:
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), [])
+    import torch
+
+    return {"model": platform.processor() or next((line.split(":", 1)[1].strip() for line in
+                                                   Path("/proc/cpuinfo").read_text().splitlines()
+                                                   if line.startswith("model name")), ""),
+            "cores": os.cpu_count(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))}
+
+
+def head_dir(trained_on: str, variant: str, seed: int) -> Path:
+    return HEADS / f"{trained_on}-{variant}-s{seed}"
+
+
+def spec(trained_on: str, variant: str, seed: int) -> str:
+    pooler = "multilayer" if variant.startswith("multilayer") else "attention"
+    return f"{pooler}:weights={head_dir(trained_on, variant, seed)}"
+
+
+def train_one(job: tuple[str, str, int]) -> dict:
+    trained_on, variant, seed = job
+    out = head_dir(trained_on, variant, seed)
+    report = out / "train_report.json"
+    if not report.exists():
+        cmd = [EMBEDPOOL, "train-pooler", *TRAIN[trained_on], *VARIANTS[variant](trained_on), "--seed", str(seed),
+               "--out", str(out), "--cache-dir", str(CACHE)]
+        print(" ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    row = {k: v for k, v in json.loads(report.read_text()).items() if k != "history"}
+    print(f"{trained_on} {variant} seed {seed}: best step {row['best_step']}, dev {row['best_dev_metric']}"
+          f" (step 0 {row['step0_dev_metric']}), {row['train_seconds']} s", file=sys.stderr, flush=True)
+    return {"trained_on": trained_on, "variant": variant, "seed": seed, **row}
+
+
+def train(args: argparse.Namespace) -> None:
+    jobs = [(t, v, s) for s in args.seeds for t in TRAIN for v in args.variants]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = {(r["trained_on"], r["variant"], r["seed"]): r for r in pool.map(train_one, jobs)}
+    path = HEADS / "trainings.json"
+    old = {(r["trained_on"], r["variant"], r["seed"]): r for r in json.loads(path.read_text())} if path.exists() else {}
+    path.write_text(json.dumps(list({**old, **rows}.values()), indent=2))
+
+
+def run_eval(data_flag: list[str], poolers: list[str], baseline: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = [EMBEDPOOL, "eval", *data_flag, "--split", "test", *[a for p in poolers for a in ("--pooler", p)],
+               "--baseline", baseline, "--out", str(out), "--no-progress", "--latency-queries", "0"]
+        print(" ".join(cmd[:6]), f"... {len(poolers)} poolers, baseline {baseline}", file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    from scipy.stats import ttest_rel
+
+    variants = [v for v in VARIANTS if v in args.variants]
+    assert "attention" in variants, "the attention heads are the comparison"
+    heads = [(t, v, s) for s in args.seeds for t in TRAIN for v in variants]
+    specs = ["mean", *[spec(*h) for h in heads]]
+    scores: dict[tuple, dict] = {}  # (trained_on, variant, seed, evaluated_on) -> {score, p_mean, p_attention}
+    sf = run_eval(["--data", SCIFACT], specs, "mean")
+    by_label = {r["label"]: r for r in sf["results"]}
+    per_query = sf["per_query"]
+    qids = sorted(per_query["mean"])
+    for t, v, s in heads:
+        label, att = spec(t, v, s), spec(t, "attention", s)
+        x = [per_query[label][q] for q in qids]
+        y = [per_query[att][q] for q in qids]
+        p_att = None if label == att or x == y else float(ttest_rel(x, y).pvalue)
+        scores[(t, v, s, "scifact")] = {"score": by_label[label]["ndcg@10"], "p_mean": by_label[label]["p_value"],
+                                        "p_attention": p_att}
+    mean_scores = {"scifact": by_label["mean"]["ndcg@10"]}
+    st = run_eval(["--sts", STSB], specs, "mean")
+    st_rows = {r["label"]: r for r in st["results"]}
+    mean_scores["stsb"] = st_rows["mean"]["spearman"]
+    for t, v, s in heads:
+        label = spec(t, v, s)
+        scores[(t, v, s, "stsb")] = {"score": st_rows[label]["spearman"], "p_mean": st_rows[label]["p_value"],
+                                     "p_attention": None}
+    for s in args.seeds:  # against each seed's attention heads
+        for t in TRAIN:
+            att = spec(t, "attention", s)
+            mine = [spec(t, v, s) for v in variants if v != "attention"]
+            rows = {r["label"]: r for r in run_eval(["--sts", STSB], [att, *mine], att)["results"]}
+            for v in variants:
+                if v != "attention":
+                    scores[(t, v, s, "stsb")]["p_attention"] = rows[spec(t, v, s)]["p_value"]
+    table = summarize(scores, mean_scores, args.seeds, variants)
+    OUT.write_text(json.dumps({
+        "cpu": cpu(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
+        "mean": mean_scores, "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
+        "stsb_test": st["stat_test"], "summary": table,
+        "runs": [{"trained_on": t, "variant": v, "seed": s, "evaluated_on": e, **r}
+                 for (t, v, s, e), r in scores.items()],
+        "trainings": json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else None,
+    }, indent=2))
+    print_table(table, mean_scores)
+
+
+def summarize(scores: dict, mean_scores: dict, seeds, variants) -> list[dict]:
+    out = []
+    for t in TRAIN:
+        for e in ("scifact", "stsb"):
+            for v in variants:
+                runs = [scores[(t, v, s, e)] for s in seeds]
+                vals = [r["score"] for r in runs]
+                p_mean = [r["p_mean"] for r in runs]
+                p_att = [r["p_attention"] for r in runs]
+                loses = [x < mean_scores[e] and p is not None and p < 0.05 for x, p in zip(vals, p_mean)]
+                gains = [x > mean_scores[e] and p is not None and p < 0.05 for x, p in zip(vals, p_mean)]
+                out.append({"trained_on": t, "evaluated_on": e, "in_domain": t == e, "variant": v,
+                            "mean_of_seeds": statistics.mean(vals), "std_of_seeds": statistics.stdev(vals),
+                            "scores": vals, "p_vs_mean": p_mean, "p_vs_attention": p_att,
+                            "seeds_significant_gain": sum(gains), "seeds_significant_loss": sum(loses)})
+    return out
+
+
+def _p(ps: list) -> str:
+    return "—" if all(p is None for p in ps) else " / ".join("—" if p is None else f"{p:.2g}" for p in ps)
+
+
+def print_table(table: list[dict], mean_scores: dict) -> None:
+    print("| trained on | scored on | head | mean ± std (3 seeds) | vs mean (`mean` = %s / %s) | p vs mean (per seed) | "
+          "p vs attention (per seed) | seeds with a significant gain / loss vs mean |"
+          % (f"{mean_scores['scifact']:.4f}", f"{mean_scores['stsb']:.4f}"))
+    print("|---|---|---|---:|---:|---|---|---|")
+    for r in table:
+        delta = 100 * (r["mean_of_seeds"] - mean_scores[r["evaluated_on"]])
+        print(f"| {r['trained_on']} | {r['evaluated_on']}{' (in domain)' if r['in_domain'] else ''} | {r['variant']} | "
+              f"{r['mean_of_seeds']:.4f} ± {r['std_of_seeds']:.4f} | {delta:+.1f} | {_p(r['p_vs_mean'])} | "
+              f"{_p(r['p_vs_attention'])} | {r['seeds_significant_gain']} / {r['seeds_significant_loss']} |")
+
+
+SWEEP = ("0", "2", "10", "30")
+
+
+def sweep(args: argparse.Namespace) -> None:
+    """Choose the anchor weight on dev splits only: seed 0 of the multilayer head per weight, the
+    in-domain dev metric of the kept checkpoint and, observed through a guard that refuses nothing
+    (tolerance 2), its metric on the other task's non-test split."""
+    rows = []
+    for t in TRAIN:
+        for w in SWEEP:
+            out = HEADS / f"sweep-{t}-a{w}"
+            if not (out / "train_report.json").exists():
+                subprocess.run([EMBEDPOOL, "train-pooler", *TRAIN[t], "--pooler", "multilayer", "--anchor", w,
+                                *GUARD[t], "--guard-tolerance", "2", "--out", str(out), "--cache-dir", str(CACHE)],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            r = json.loads((out / "train_report.json").read_text())
+            rows.append({"trained_on": t, "anchor": float(w), **{k: r[k] for k in (
+                "dev_metric", "step0_dev_metric", "best_dev_metric", "guard", "guard_metric", "step0_guard_metric",
+                "best_guard_metric", "best_step", "train_seconds")}})
+    (ROOT / "bench" / "results" / "train_anchor_sweep.json").write_text(json.dumps({"cpu": cpu(), "rows": rows},
+                                                                                   indent=2))
+    print("| trained on | anchor W | in-domain dev (step 0 = mean) | other task's split (step 0 = mean) | best step |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['trained_on']} | {r['anchor']:g} | {r['best_dev_metric']:.4f} ({r['step0_dev_metric']:.4f}) | "
+              f"{r['best_guard_metric']:.4f} ({r['step0_guard_metric']:.4f}) | {r['best_step']} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["sweep", "train", "eval", "table"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = ap.parse_args()
+    print(json.dumps(cpu()), file=sys.stderr)
+    if args.what == "sweep":
+        sweep(args)
+    elif args.what == "train":
+        train(args)
+    elif args.what == "eval":
+        evaluate(args)
+    else:
+        saved = json.loads(OUT.read_text())
+        print_table(saved["summary"], saved["mean"])
+
+
+if __name__ == "__main__":
+    main()
