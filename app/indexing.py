@@ -3,7 +3,7 @@
 Takes a stream of records (read lazily by :class:`app.datasets.CorpusSource`: BEIR
 ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text lines, or stdin), embeds it
 with every requested pooler -- one forward pass per tokenization plan
-for all of them -- and writes one :class:`index.Collection` per pooler spec; every multi-vector
+for all of them -- and writes one :class:`index.CollectionBase` per pooler spec; every multi-vector
 collection also keeps the companion rows its ``two_stage`` search takes candidates from.
 
 Work is sized in tokens and bytes, never in records alone, so that the job's memory is set by its
@@ -371,7 +371,7 @@ class IndexJob:
         self.elapsed = time.perf_counter() - t_start
         return self.summary()
 
-    def plan(self) -> dict[str, Any]:
+    def remaining_work(self) -> dict[str, Any]:
         """What an engine needs to embed the rest of the corpus the way :meth:`run` does."""
         return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
                 "specs": self.specs,
@@ -387,7 +387,7 @@ class IndexJob:
         """The in-process engine: the records from :attr:`start` on, cut into embedding calls by
         :func:`token_calls`, embedded in this process."""
         start = self.start
-        checks = self.plan()["checks"]
+        checks = self.remaining_work()["checks"]
         self.records_read = 0
 
         def todo() -> Iterator[tuple[int, Record]]:

@@ -70,7 +70,7 @@ from .vectors import StoreCommit, StoreState, VectorStore
 
 log = logging.getLogger("embedpool.index")
 
-__all__ = ["Collection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
+__all__ = ["FaissCollection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
 _MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|companion)-\d+\.delta\.npz|"
                       r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
@@ -82,7 +82,7 @@ LEGACY_PROPERTY_FILES = {"embedpool.indexjob": "indexjob.json"}
 WRITER_LOCK_WAIT = 1.0
 
 
-class Collection(CollectionBase):
+class FaissCollection(CollectionBase):
     """A persistent single- or multi-vector collection in a folder. Use :meth:`create` /
     :meth:`open` (or :func:`index.open_collection`).
 
@@ -97,7 +97,7 @@ class Collection(CollectionBase):
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
-    def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
+    def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         """Create ``<data_dir>/<name>``; if it exists with an equal spec, open it; if with a
         different spec, raise :class:`SpecMismatchError` naming the differing fields."""
         check_new_spec(name, spec)
@@ -112,7 +112,7 @@ class Collection(CollectionBase):
         return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
-    def open(cls, data_dir: str | os.PathLike, name: str) -> "Collection":
+    def open(cls, data_dir: str | os.PathLike, name: str) -> "FaissCollection":
         """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
         manifest = collection_manifest(data_dir, name)
         folder = Path(data_dir) / name
@@ -122,7 +122,7 @@ class Collection(CollectionBase):
         return cls(Path(data_dir), name, manifest)
 
     @classmethod
-    def open_or_create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
+    def open_or_create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         return cls.create(data_dir, name, spec)
 
     def __init__(self, data_dir: Path, name: str, manifest: dict[str, Any]) -> None:
@@ -226,7 +226,7 @@ class Collection(CollectionBase):
             return
         if not self._flock.try_acquire(wait=WRITER_LOCK_WAIT):
             raise CollectionLockedError(
-                f"collection {self.name!r} has uncommitted writes from another process or Collection "
+                f"collection {self.name!r} has uncommitted writes from another process or FaissCollection "
                 "object; commit or close that one first (one writer at a time)")
         try:
             self._db.begin()
@@ -482,8 +482,8 @@ class Collection(CollectionBase):
             names = self._db.ext_of(int(i) for i in np.unique(I) if i >= 0)
         return [[names[int(i)] for i in row if i >= 0 and int(i) in names] for row in I]
 
-    def _open_sibling(self, name: str) -> "Collection":
-        return Collection.open(self.data_dir, name)
+    def _open_sibling(self, name: str) -> "FaissCollection":
+        return FaissCollection.open(self.data_dir, name)
 
     def _sync(self) -> None:
         if not self._db.in_transaction:
@@ -548,10 +548,10 @@ class Collection(CollectionBase):
 class FaissBackend(Backend):
     """Collections as folders under ``where.data_dir``."""
 
-    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> Collection:
+    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> FaissCollection:
         if spec is None:
-            return Collection.open(where.data_dir, name)
-        return Collection.open_or_create(where.data_dir, name, spec)
+            return FaissCollection.open(where.data_dir, name)
+        return FaissCollection.open_or_create(where.data_dir, name, spec)
 
     def list(self, where: Where) -> list[str]:
         return list_collections(where.data_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
-from embedpool.index import Collection
+from embedpool.index import FaissCollection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
@@ -63,7 +63,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     # really interrupted mid-run (collections commit one after the other: they may differ by a batch)
     assert min(states.values()) >= 8 and max(states.values()) < n, states
     for name, c in states.items():  # every collection reopens at its last commit
-        with Collection.open(killed, name) as coll:
+        with FaissCollection.open(killed, name) as coll:
             assert len(coll) >= c
 
     # the same command again continues it
@@ -74,7 +74,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     _reference(embedder, corpus, ref)
     assert_same_collections(ref, killed, sorted(states), n, atol=2e-5)
     # the multi-vector collection keeps mean companion rows for two_stage, written with its documents
-    with Collection.open(killed, "sf-cluster-pool_factor-2") as c:
+    with FaissCollection.open(killed, "sf-cluster-pool_factor-2") as c:
         assert (c.spec.companion_pooler, c.spec.companion_rows, c.spec.kind) == ("mean", "document", "multi")
         assert c.stats()["companion_rows"] == n
 
@@ -174,7 +174,7 @@ def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp
         with pytest.raises(IndexJobError, match="the corpus changed"):
             job.run(src.records())
     # a collection that the job did not write is not adopted
-    with Collection.open_or_create(tmp_path / "d", "foreign", Collection.open(out, "c").spec) as c:
+    with FaissCollection.open_or_create(tmp_path / "d", "foreign", FaissCollection.open(out, "c").spec) as c:
         c.add(["z"], np.eye(1, embedder.dim, dtype=np.float32))
         c.commit()
     with pytest.raises(IndexJobError, match="not written by `embedpool index`"):
