@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from embedpool.errors import InvalidError
 from embedpool.poolers import TokenStates, build_pooler
 from embedpool.poolers.encoder import WINDOWED, Plan
 
@@ -112,9 +113,12 @@ def test_embed_reuses_what_measure_tokenized(role, encoder, embedder, long_text,
     got = embedder.embed(texts, specs, role=role, tokenized=work.tokenized)
     got_joined = embedder.embed([texts[i] for i in order], specs, role=role, tokenized=joined)
     assert calls == []
-    # rows made with other options are not reused
-    embedder.embed(texts, ["mean"], role="query" if role == "document" else "document", tokenized=work.tokenized)
-    assert len(calls) == 1
+    # rows made with other options are refused, not silently tokenized again
+    with pytest.raises(InvalidError, match="made with the options"):
+        embedder.embed(texts, ["mean"], role="query" if role == "document" else "document", tokenized=work.tokenized)
+    with pytest.raises(InvalidError, match="4 texts' rows for 3 texts"):
+        embedder.embed(texts[:3], ["mean"], role=role, tokenized=work.tokenized)
+    assert calls == []
     assert got.tokens == want.tokens == got_joined.tokens
     for spec in specs:
         for i, (a, b) in enumerate(zip(got.vectors[spec], want.vectors[spec])):
