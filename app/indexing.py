@@ -219,7 +219,7 @@ class IndexJob:
                 except InvalidError as e:
                     raise IndexJobError(f"--companion: {e}") from None
         engine = {"model": embedder.model_id,
-                  "encoder_precision": getattr(embedder.encoder, "precision", None),
+                  "encoder_precision": embedder.encoder.precision,
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
             t.settings = {"source": source or {}, **engine, "pooler": t.spec,
@@ -234,7 +234,7 @@ class IndexJob:
     def collection_spec(self, t: Target) -> CollectionSpec:
         dim = self.embedder.output_dim(t.spec, self.dimensions)
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
-                      encoder_precision=getattr(self.embedder.encoder, "precision", None))
+                      encoder_precision=self.embedder.encoder.precision)
         if t.multi:
             comp = {} if t.companion is None else dict(
                 companion_pooler=t.companion[0], companion_rows=t.companion[1],

@@ -303,8 +303,7 @@ def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, ad
         raise IndexJobError("--workers must be >= 1")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
-    path = getattr(job.embedder.encoder, "precision", None)
-    engine_settings = {**engine_settings, **({"precision": path} if path else {})}
+    engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}
     return _run(job, source, engine_settings, address, workers, threads)
 
 

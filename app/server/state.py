@@ -94,7 +94,7 @@ class Engine:
         from embedpool.poolers.precision import cpu_features
 
         encoder = self.embedder.encoder
-        self.metrics.on_loaded(getattr(encoder, "precision", s.precision), s.precision, cpu_features().isa)
+        self.metrics.on_loaded(encoder.precision, s.precision, cpu_features().isa)
 
     def stop(self) -> None:
         if self.batcher is not None:

@@ -109,7 +109,7 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
-        token_factory=body.token_factory, encoder_precision=getattr(engine.embedder.encoder, "precision", None),
+        token_factory=body.token_factory, encoder_precision=engine.embedder.encoder.precision,
         **_companion(engine, collections, spec_str, body, dimensions))
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
