@@ -161,6 +161,8 @@ def build_systems(args, st, enc32, feats):
 
 def measure_sets(systems: dict, enc32, docs: list[str], sentences: list[str], args) -> dict:
     """Both text sets through every system, interleaved; speeds, ratios and cosines to fp32."""
+    from embedpool.poolers import Embedder
+
     sets = {}
     for name, texts, chunk in (("scifact_docs", docs, args.chunk_docs),
                                ("stsb_sentences", sentences, args.chunk_sentences)):
@@ -169,7 +171,7 @@ def measure_sets(systems: dict, enc32, docs: list[str], sentences: list[str], ar
         seconds, embs = encode_interleaved(systems, texts, chunk)
         ref = seconds["st_fp32"]
         sets[name] = {
-            "texts": len(texts), "tokens": sum(enc32.count_tokens(texts)), "seconds": seconds,
+            "texts": len(texts), "tokens": sum(Embedder(enc32).measure(texts, ["mean"]).counts), "seconds": seconds,
             "texts_per_s": {k: len(texts) / v for k, v in seconds.items()},
             "ratio_to_reference": {k: ref / v for k, v in seconds.items()},
             "cosine_to_fp32": {k: cosines(e, embs["fp32"]) for k, e in embs.items()},

@@ -21,9 +21,7 @@ files -- that COMMIT is the durable point. Files that the database does not name
 leftovers of an unfinished commit and are deleted by the next writer (or by an opener when no
 writer is active).
 
-Properties live in the ``meta`` table as ``property:<key>``. Collections indexed before
-properties existed kept the indexing job's state in ``indexjob.json``: it reads as the property
-``embedpool.indexjob`` until a commit stores that property, which removes the file.
+Properties live in the ``meta`` table as ``property:<key>``.
 """
 
 from __future__ import annotations
@@ -76,8 +74,6 @@ _MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|compani
                       r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
 STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
 PROPERTY_PREFIX = "property:"
-#: properties that format-1 collections kept in files of their own (read until migrated)
-LEGACY_PROPERTY_FILES = {"embedpool.indexjob": "indexjob.json"}
 #: how long a writer waits for the folder lock held by a reader's or deleter's brief cleanup
 WRITER_LOCK_WAIT = 1.0
 
@@ -329,7 +325,7 @@ class FaissCollection(CollectionBase):
             with self._rw.read():  # searches go on while the files are written
                 delta = self._vec.write(self.folder, gen) if data else StoreCommit()
             with self._rw.write():
-                props = self._record(delta, gen, data)
+                self._record(delta, gen, data)
                 self._db.commit()  # <- the durable point
                 self._gen = gen
                 self._dirty = False
@@ -339,7 +335,6 @@ class FaissCollection(CollectionBase):
             try:
                 with self._db.snapshot():
                     self._remove_stale_files()  # replaced generations, compacted segments
-                self._remove_legacy_files(props)
             finally:
                 self._flock.release()
             if data:
@@ -348,8 +343,8 @@ class FaissCollection(CollectionBase):
                 except OSError as e:  # the commit itself is durable; the manifest only has counts
                     log.warning("collection %r: could not update %s: %s", self.name, MANIFEST, e)
 
-    def _record(self, delta: StoreCommit, gen: int, data: bool) -> list[str]:
-        """Write the commit's rows inside the transaction; returns the property keys written."""
+    def _record(self, delta: StoreCommit, gen: int, data: bool) -> None:
+        """Write the commit's rows inside the transaction."""
         if delta.reset_segments:
             self._db.clear_segments()
         if delta.new_segment is not None:
@@ -360,14 +355,6 @@ class FaissCollection(CollectionBase):
         meta.update({PROPERTY_PREFIX + k: v for k, v in self._props.items()})
         for k, v in meta.items():
             self._db.set_meta(k, v)
-        return list(self._props)
-
-    def _remove_legacy_files(self, keys: list[str]) -> None:
-        names = [LEGACY_PROPERTY_FILES[k] for k in keys if k in LEGACY_PROPERTY_FILES]
-        if any((self.folder / n).exists() for n in names):
-            for n in names:
-                remove_quietly(self.folder / n)
-            fsync_dir(self.folder)
 
     def compact(self) -> None:
         """Rebuild without deleted/replaced documents (HNSW tombstones, dead multi-vector
@@ -402,14 +389,7 @@ class FaissCollection(CollectionBase):
         check_property(key, "")
         if key in self._props:
             return self._props[key]
-        value = self._db.get_meta(PROPERTY_PREFIX + key)
-        legacy = LEGACY_PROPERTY_FILES.get(key)
-        if value is None and legacy is not None:
-            try:
-                value = (self.folder / legacy).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                pass
-        return value
+        return self._db.get_meta(PROPERTY_PREFIX + key)
 
     def set_property(self, key: str, value: str) -> None:
         """Stage a property; the next :meth:`commit` writes it in the same SQLite transaction as

@@ -184,13 +184,6 @@ class Embedder:
         own = self.pooler(spec).output_dim(self.dim)
         return own if own is not None else (dimensions or self.dim)
 
-    def dimensions_for(self, spec: str | None, dim: int) -> int | None:
-        """The ``dimensions`` argument that makes pooler ``spec`` produce ``dim``-sized vectors
-        (``None``: none needed, e.g. a pooler with a size of its own)."""
-        if self.pooler(spec).output_dim(self.dim) is not None or dim >= self.dim:
-            return None
-        return dim
-
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None:
             return

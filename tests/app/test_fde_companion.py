@@ -121,8 +121,6 @@ def test_dimensions_do_not_truncate_fde(embedder):
     fde = embedder.pooler("fde")
     assert r.vectors["mean"][0].shape == (64,) and r.vectors["fde"][0].shape == (fde.output_dim(384),)
     assert embedder.output_dim("fde", 64) == fde.output_dim(384) and embedder.output_dim("mean", 64) == 64
-    assert embedder.dimensions_for(fde.spec, fde.output_dim(384)) is None
-    assert embedder.dimensions_for("mean", 64) == 64 and embedder.dimensions_for("mean", 384) is None
 
 
 def _scored(results) -> list[list[tuple[str, float]]]:
