@@ -326,6 +326,23 @@ def _json_object(line: str, where: str, hint: str = "") -> dict:
     return obj
 
 
+def read_texts(stream, where: str) -> list[str]:
+    """Texts of ``embedpool embed --input``: one per line (a blank line is an empty text), or a
+    JSON object with a string ``text`` field. As in every corpus reader here, a line that starts
+    with ``{`` is JSON: if it does not parse, that is an error naming the line, not a text."""
+    texts = []
+    for lineno, line in enumerate(stream, 1):
+        line = line.rstrip("\n")
+        if not line.lstrip().startswith("{"):
+            texts.append(line)
+            continue
+        obj = _json_object(line, f"{where}, line {lineno}")
+        if not isinstance(obj.get("text"), str):
+            raise DatasetError(f"{where}, line {lineno}: a JSON line needs a string 'text' field")
+        texts.append(obj["text"])
+    return texts
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
     """``(where, object)`` for every non-blank line of a JSON-lines file (``where`` names the
     file and line for messages)."""
