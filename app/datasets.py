@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedpool.errors import InvalidError, MissingFileError, require
+from embedpool.errors import InvalidError, MissingFileError, import_extra
 
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
@@ -113,7 +113,7 @@ class CorpusSource:
         if self.is_stdin:
             return None
         if fmt == "parquet":
-            pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+            pq = _parquet()
 
             return pq.ParquetFile(self.path).metadata.num_rows
         n, last = 0, b"\n"
@@ -170,7 +170,7 @@ class CorpusSource:
     def _parquet_slices(self, size: int, limit: int | None) -> list["CorpusSlice"]:
         """Slices of ``size`` rows of a Parquet file, fewer where ``limit`` bytes hold fewer rows
         of its largest rows per row group (uncompressed bytes per row, from the footer)."""
-        pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+        pq = _parquet()
 
         meta = pq.ParquetFile(self.path).metadata
         n = meta.num_rows
@@ -250,7 +250,7 @@ class CorpusSource:
     # -- Parquet (streamed by record batches)
     def _read_parquet(self, start: int = 0, stop: int | None = None) -> Iterator[Record]:
         """Rows ``[start, stop)`` (default: all), reading only the row groups that hold them."""
-        pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+        pq = _parquet()
 
         pf = pq.ParquetFile(self.path)
         names = pf.schema_arrow.names
@@ -304,6 +304,11 @@ class CorpusSlice:
     offset: int = 0
     end: int = 0
     first_line: int = 1
+
+
+def _parquet():
+    """``pyarrow.parquet``, or the error naming the extra that installs it."""
+    return import_extra("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
 
 
 def _blank(line: bytes) -> bool:

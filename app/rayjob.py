@@ -56,7 +56,7 @@ from embedpool.app.indexing import (
     embed_records,
     token_calls,
 )
-from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, require
+from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, import_extra
 
 
 #: bytes of a corpus file taken for one token when read tasks are cut (English text has ~4-5
@@ -296,7 +296,7 @@ def default_threads(workers: int) -> int:
 def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, address: str | None = None,
                workers: int = 1, threads: int | None = None) -> dict[str, Any]:
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
-    require("ray", "ray", "--engine ray")
+    import_extra("ray", "ray", "--engine ray")
     if source.is_stdin:
         raise IndexJobError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
     if workers < 1:
