@@ -114,11 +114,13 @@ class _Slice:
 
 @dataclass
 class _RoundTimes:
-    """Seconds one round spent outside the encoder, over all its groups."""
+    """Seconds one round spent per stage, over all its groups."""
 
     measure: float = 0.0  # tokenizing requests the caller did not measure
     embed: float = 0.0  # Embedder.embed: forward and pooling
     deliver: float = 0.0  # copying vectors into the requests
+    tokenize: float = 0.0  # of embed: the encoder's own tokenizing (EncoderStats)
+    forward: float = 0.0  # of embed: the model's forward (EncoderStats)
 
 
 def estimate_tokens(text: str, cap: int | None) -> int:
@@ -377,16 +379,19 @@ class Batcher:
             times.deliver += time.perf_counter() - t1
             n_inputs += sum(s.end - s.start for s in group)
             n_tokens += int(result.tokens)
-        dt = time.perf_counter() - t0
-        if n_inputs and dt > 0:
-            inst = n_inputs / dt
+        times.tokenize = stats.tokenize_seconds - tokenize_before
+        times.forward = stats.forward_seconds - forward_before
+        self._finish_round(n_inputs, n_tokens, time.perf_counter() - t0, times)
+
+    def _finish_round(self, n_inputs: int, n_tokens: int, seconds: float, times: _RoundTimes) -> None:
+        """The input rate (for Retry-After) and the observer's round and stage metrics."""
+        if n_inputs and seconds > 0:
+            inst = n_inputs / seconds
             self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
         if self.observer and n_inputs:
-            self.observer.on_round(n_inputs, n_tokens, dt)
-            tokenize = stats.tokenize_seconds - tokenize_before
-            forward = stats.forward_seconds - forward_before
-            self.observer.on_stages({"tokenize": tokenize, "forward": forward,
-                                     "pool": max(0.0, times.embed - tokenize - forward),
+            self.observer.on_round(n_inputs, n_tokens, seconds)
+            self.observer.on_stages({"tokenize": times.tokenize, "forward": times.forward,
+                                     "pool": max(0.0, times.embed - times.tokenize - times.forward),
                                      "count": times.measure, "deliver": times.deliver})
 
     def _embed_group(self, group: list[_Slice], times: _RoundTimes) -> EmbedResult:
