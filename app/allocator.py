@@ -2,22 +2,16 @@
 
 glibc serves a large allocation by ``mmap`` and returns it to the system when freed, but after
 such a free it raises its mmap threshold (up to 32 MB), so later allocations of that size come
-from the heap, which fragments and is only given back from its top: the indexing job's resident
-memory grew in steps with the corpus (SciFact, ``mean`` + ``cluster:pool_factor=4``, one torch
-thread: peak RSS 1,109 -> 1,450 MB from 1k to 5k documents, anonymous memory only).
+from the heap, which fragments and is only given back from its top: a long-running job's
+resident memory then grows in steps with the corpus.
 
-Two remedies were measured (``bench/scale.py index``, same machine, same session):
-
-- fixing the mmap threshold at 64 KiB and the trim threshold at 128 KiB (``mallopt``, what the
-  CLI did before): flat memory (931 -> 1,118 MB, 1.20x) but the job took 223 s instead of 138 s,
-  and a server's documents encoded ~1.4x slower -- every activation tensor of a forward pass
-  became an ``mmap`` + page faults + ``munmap``; a 4 MiB threshold kept the speed (144 s) and
-  most of the growth (1.28x);
-- ``malloc_trim(0)`` after each commit (:func:`release_free_memory`): glibc hands every free
-  page of the heap back (``madvise``), not only the top, at a cost of milliseconds per commit;
-  the allocation path is untouched. This is what the indexing job does.
-
-glibc's allocator is not replaced (jemalloc/tcmalloc would need a preloaded system library).
+The remedy here is ``malloc_trim(0)`` after each commit (:func:`release_free_memory`): glibc
+hands every free page of the heap back (``madvise``), not only the top, at a cost of
+milliseconds per commit, and the allocation path is untouched. Fixing the mmap threshold low
+(``mallopt``) also keeps memory flat, but turns every activation tensor of a forward pass into
+an ``mmap`` + page faults + ``munmap`` and slows encoding. glibc's allocator is not replaced
+(jemalloc/tcmalloc would need a preloaded system library). The measurements behind this choice:
+``bench/scale.py index``, results in docs/scale.md.
 """
 
 from __future__ import annotations

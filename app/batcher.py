@@ -35,11 +35,15 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
 from embedpool.errors import OverloadedError, UnavailableError
+from embedpool.poolers.pipeline import EmbedOptions, EmbedResult, Tokenized
+
+if TYPE_CHECKING:
+    from embedpool.poolers import Embedder
 
 log = logging.getLogger("embedpool.batcher")
 
@@ -68,7 +72,8 @@ class BatchObserver(Protocol):  # what the server's metrics implement
 
 @dataclass
 class EmbedOutput:
-    """What one request gets back: vectors per canonical pooler spec, in input order."""
+    """What one request gets back: vectors per canonical pooler spec, in input order, and its
+    usage (the sum of its inputs' ``usage_tokens``)."""
 
     vectors: dict[str, list[np.ndarray]]
     multi_vector: dict[str, bool]
@@ -77,29 +82,24 @@ class EmbedOutput:
 
 @dataclass(eq=False)
 class Job:
+    """One request in the queue. Two token counts per input, each with one use:
+    ``cost_tokens`` schedules rounds (the tokens it takes through the encoder, all windows of
+    all plans, or an estimate); ``usage_tokens`` is what the request reports (its tokens under
+    the model's standard layout). ``tokenized`` is the tokenization itself (not a count), when
+    the caller measured the request; the worker then does not tokenize it again."""
+
     texts: list[str]
     specs: list[str]
-    role: str
-    normalize: bool
-    dimensions: int | None
-    truncate: bool
-    est_tokens: list[int]
-    prompt_name: str | None = None
-    truncation_direction: str = "right"
-    counts: list[int] | None = None  # exact standard-plan tokens per input, counted before submit
-    tokenized: list | None = None  # the inputs as the embedder's measure() tokenized them
+    options: EmbedOptions
+    cost_tokens: list[int]
+    usage_tokens: list[int]  # the caller's, or filled in by the worker when it measures
+    tokenized: list[Tokenized] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     taken: int = 0  # inputs handed to the worker so far
     done: int = 0  # inputs finished
-    tokens: int = 0
     cancelled: bool = False
     vectors: dict[str, list] = field(default_factory=dict)
     multi_vector: dict[str, bool] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple:
-        return (self.role, self.truncate, self.normalize, self.dimensions, self.prompt_name,
-                self.truncation_direction)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -110,6 +110,17 @@ class _Slice:
     job: Job
     start: int
     end: int
+
+
+@dataclass
+class _RoundTimes:
+    """Seconds one round spent per stage, over all its groups."""
+
+    measure: float = 0.0  # tokenizing requests the caller did not measure
+    embed: float = 0.0  # Embedder.embed: forward and pooling
+    deliver: float = 0.0  # copying vectors into the requests
+    tokenize: float = 0.0  # of embed: the encoder's own tokenizing (EncoderStats)
+    forward: float = 0.0  # of embed: the model's forward (EncoderStats)
 
 
 def estimate_tokens(text: str, cap: int | None) -> int:
@@ -136,7 +147,7 @@ class Batcher:
             with it).
     """
 
-    def __init__(self, embedder: Any, *, max_queue: int = 1024, max_batch_tokens: int = 2048,
+    def __init__(self, embedder: Embedder, *, max_queue: int = 1024, max_batch_tokens: int = 2048,
                  max_wait_ms: float = 2.0, observer: BatchObserver | None = None,
                  before_round: Callable[[int], Any] | None = None) -> None:
         self.embedder = embedder
@@ -154,8 +165,7 @@ class Batcher:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._rate = 0.0  # inputs per second, moving average (for Retry-After)
-        encoder = getattr(embedder, "encoder", None)
-        self._cap = int(getattr(encoder, "max_length", 0) or 0) or None
+        self._cap = int(embedder.encoder.max_length) or None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Batcher":
@@ -182,36 +192,28 @@ class Batcher:
     def queued_inputs(self) -> int:
         return self._queued_inputs
 
-    @property
-    def queued_requests(self) -> int:
-        return len(self._pending)
-
     # ------------------------------------------------------------------ client side
-    def submit(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
-               normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-               prompt_name: str | None = None, truncation_direction: str = "right",
-               counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None,
-               tokenized: Sequence[Any] | None = None) -> Job:
-        """Enqueue a request (thread-safe, never blocks on the encoder). If the caller measured
-        it (:meth:`poolers.Embedder.measure`, as the server does for its limits), it passes
-        what that found: ``counts``, the inputs' standard-plan token counts (the usage the
-        request reports; the worker does not count them again); ``est_tokens``, each text's
-        tokens over all windows of all plans (a long text under a windowing pooler then fills a
-        round of its own); ``tokenized``, the tokenization itself, which the worker encodes
-        without tokenizing again. Rounds are scheduled by ``est_tokens``, else ``counts``, else
-        a cheap estimate."""
-        return self.submit_many([(texts, specs, {"role": role, "normalize": normalize, "dimensions": dimensions,
-                                                 "truncate": truncate, "prompt_name": prompt_name,
-                                                 "truncation_direction": truncation_direction,
-                                                 "counts": counts, "est_tokens": est_tokens,
-                                                 "tokenized": tokenized})])[0]
+    def submit(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None, *,
+               cost_tokens: Sequence[int] | None = None, usage_tokens: Sequence[int] | None = None,
+               tokenized: Sequence[Tokenized] | None = None, **fields: Any) -> Job:
+        """Enqueue a request (thread-safe, never blocks on the encoder); ``options`` (or its
+        fields as keywords) as for :meth:`poolers.Embedder.embed`. If the caller measured it
+        (:meth:`poolers.Embedder.measure`, as the server does for its limits), it passes what
+        that found: ``cost_tokens`` (``Workload.tokens``: each text's tokens over all windows of
+        all plans, so a long text under a windowing pooler fills a round of its own),
+        ``usage_tokens`` (``Workload.counts``: the usage the request reports) and ``tokenized``
+        (the tokenization, which the worker encodes without tokenizing again). Rounds are
+        scheduled by ``cost_tokens``, else ``usage_tokens``, else a cheap estimate."""
+        return self.submit_many([(texts, specs, {"options": options, "cost_tokens": cost_tokens,
+                                                 "usage_tokens": usage_tokens, "tokenized": tokenized,
+                                                 **fields})])[0]
 
     def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
         """Enqueue several requests at once, next to each other in the queue, so the worker
         takes them in the same round when they fit its budget (``/rerank``: the query, in the
-        query role, and its texts, as documents). ``requests``: ``(texts, specs, options)``
-        with the keyword options of :meth:`submit`. All are admitted or none."""
-        jobs = [self._job(texts, specs, **options) for texts, specs, options in requests]
+        query role, and its texts, as documents). ``requests``: ``(texts, specs, keywords)``
+        with the keyword arguments of :meth:`submit`. All are admitted or none."""
+        jobs = [self._job(texts, specs, **keywords) for texts, specs, keywords in requests]
         live = [job for job in jobs if job.texts]
         for job in jobs:
             if not job.texts:
@@ -230,26 +232,30 @@ class Batcher:
                     f"{self.max_queue}); retry later", self._retry_after())
             for job in live:
                 self._pending.append(job)
-                self._queued_tokens += sum(job.est_tokens)
+                self._queued_tokens += sum(job.cost_tokens)
             self._queued_inputs += n
             self._peak = max(self._peak, len(self._pending) + self._in_round)
             self._notify_queue()
             self._cond.notify()
         return jobs
 
-    def _job(self, texts: Sequence[str], specs: Sequence[str], *, role: str = "document",
-             normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-             prompt_name: str | None = None, truncation_direction: str = "right",
-             counts: Sequence[int] | None = None, est_tokens: Sequence[int] | None = None,
-             tokenized: Sequence[Any] | None = None) -> Job:
+    def _job(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None, *,
+             cost_tokens: Sequence[int] | None = None, usage_tokens: Sequence[int] | None = None,
+             tokenized: Sequence[Tokenized] | None = None, **fields: Any) -> Job:
         texts = list(texts)
-        cap = self._cap if truncate else None
-        exact = [int(c) for c in counts] if counts is not None and len(counts) == len(texts) else None
-        if est_tokens is None or len(est_tokens) != len(texts):
-            est_tokens = exact or [estimate_tokens(t, cap) for t in texts]
-        tokenized = list(tokenized) if tokenized is not None and len(tokenized) == len(texts) else None
-        return Job(texts, list(dict.fromkeys(specs)), role, bool(normalize), dimensions, bool(truncate),
-                   list(est_tokens), prompt_name, truncation_direction, exact, tokenized)
+        options = EmbedOptions.of(options, **fields)
+
+        def per_input(values: Sequence | None) -> list | None:
+            return list(values) if values is not None and len(values) == len(texts) else None
+
+        usage = per_input(usage_tokens)
+        tokenized = per_input(tokenized) if usage is not None else None  # measured: both or neither
+        cost = per_input(cost_tokens) or usage
+        if cost is None:
+            cap = self._cap if options.truncate else None
+            cost = [estimate_tokens(t, cap) for t in texts]
+        return Job(texts, list(dict.fromkeys(specs)), options, [int(c) for c in cost],
+                   [int(u) for u in usage] if usage is not None else [0] * len(texts), tokenized)
 
     async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
         """Submit and await the result; cancelling the awaiting task drops the request."""
@@ -270,7 +276,7 @@ class Batcher:
             if job in self._pending:
                 self._pending.remove(job)
                 self._queued_inputs -= left
-                self._queued_tokens -= sum(job.est_tokens[job.taken:])
+                self._queued_tokens -= sum(job.cost_tokens[job.taken:])
                 self._notify_queue()
         if self.observer and left:
             self.observer.on_dropped(left)
@@ -328,107 +334,108 @@ class Batcher:
         while self._pending and budget > 0:
             job = self._pending[0]
             start = end = job.taken
-            while end < len(job.texts) and (end == start and not out or job.est_tokens[end] <= budget):
-                budget -= job.est_tokens[end]
+            while end < len(job.texts) and (end == start and not out or job.cost_tokens[end] <= budget):
+                budget -= job.cost_tokens[end]
                 end += 1
             if end == start:
                 break
             out.append(_Slice(job, start, end))
             job.taken = end
             self._queued_inputs -= end - start
-            self._queued_tokens -= sum(job.est_tokens[start:end])
+            self._queued_tokens -= sum(job.cost_tokens[start:end])
             if end == len(job.texts):
                 self._pending.popleft()
         self._notify_queue()
         return out
 
     def _process(self, slices: list[_Slice]) -> None:
+        """Encode one round: its live slices grouped by options, one ``embed`` call per group.
+        A group that fails is run again one request at a time, so that only the request whose
+        input is bad (e.g. too long with truncate=false), or that trips a bug, fails."""
         if self.before_round is not None:
-            self.before_round(sum(sum(s.job.est_tokens[s.start:s.end]) for s in slices))
+            self.before_round(sum(sum(s.job.cost_tokens[s.start:s.end]) for s in slices))
+        stats = self.embedder.encoder.stats
+        tokenize_before, forward_before = stats.tokenize_seconds, stats.forward_seconds
+        times = _RoundTimes()
         t0 = time.perf_counter()
-        stats = getattr(getattr(self.embedder, "encoder", None), "stats", None)
-        before = (stats.tokenize_seconds, stats.forward_seconds) if stats is not None else (0.0, 0.0)
-        self._stage = {"embed": 0.0, "count": 0.0, "deliver": 0.0}
-        groups: dict[tuple, list[_Slice]] = {}
+        groups: dict[EmbedOptions, list[_Slice]] = {}
         for s in slices:
             if not s.job.cancelled:
-                groups.setdefault(s.job.key, []).append(s)
+                groups.setdefault(s.job.options, []).append(s)
+        todo = deque(groups.values())
         n_inputs = n_tokens = 0
-        for group in groups.values():
+        while todo:
+            group = todo.popleft()
+            try:
+                result = self._embed_group(group, times)
+            except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer
+                if len(group) == 1:
+                    self._fail(group[0].job, exc)
+                else:
+                    todo.extendleft([s] for s in reversed(group))
+                continue
+            t1 = time.perf_counter()
+            self._deliver(group, result)
+            times.deliver += time.perf_counter() - t1
             n_inputs += sum(s.end - s.start for s in group)
-            n_tokens += self._run_group(group)
-        dt = time.perf_counter() - t0
-        if n_inputs and dt > 0:
-            inst = n_inputs / dt
+            n_tokens += int(result.tokens)
+        times.tokenize = stats.tokenize_seconds - tokenize_before
+        times.forward = stats.forward_seconds - forward_before
+        self._finish_round(n_inputs, n_tokens, time.perf_counter() - t0, times)
+
+    def _finish_round(self, n_inputs: int, n_tokens: int, seconds: float, times: _RoundTimes) -> None:
+        """The input rate (for Retry-After) and the observer's round and stage metrics."""
+        if n_inputs and seconds > 0:
+            inst = n_inputs / seconds
             self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
         if self.observer and n_inputs:
-            self.observer.on_round(n_inputs, n_tokens, dt)
-            if stats is not None and hasattr(self.observer, "on_stages"):
-                tok = stats.tokenize_seconds - before[0]
-                fwd = stats.forward_seconds - before[1]
-                st = self._stage
-                self.observer.on_stages({"tokenize": tok, "forward": fwd,
-                                         "pool": max(0.0, st["embed"] - tok - fwd),
-                                         "count": st["count"], "deliver": st["deliver"]})
+            self.observer.on_round(n_inputs, n_tokens, seconds)
+            self.observer.on_stages({"tokenize": times.tokenize, "forward": times.forward,
+                                     "pool": max(0.0, times.embed - times.tokenize - times.forward),
+                                     "count": times.measure, "deliver": times.deliver})
 
-    def _run_group(self, group: list[_Slice]) -> int:
-        job0 = group[0].job
+    def _embed_group(self, group: list[_Slice], times: _RoundTimes) -> EmbedResult:
+        """One ``embed`` call for the slices of a group (equal options, poolers joined). The
+        requests the caller did not measure are measured here first: that one tokenization
+        gives their usage and is what ``embed`` encodes."""
+        options = group[0].job.options
         specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
         texts = [t for s in group for t in s.job.texts[s.start:s.end]]
         t0 = time.perf_counter()
-        try:
-            extra = {}  # only what differs from the defaults (any embedder takes those)
-            if job0.prompt_name is not None:
-                extra["prompt_name"] = job0.prompt_name
-            if job0.truncation_direction != "right":
-                extra["truncation_direction"] = job0.truncation_direction
-            if all(s.job.tokenized is not None and s.job.counts is not None for s in group):
-                tokenized = [t for s in group for t in s.job.tokenized[s.start:s.end]]
-                counts = [c for s in group for c in s.job.counts[s.start:s.end]]
-            else:  # not measured by the caller: measure here, the one tokenization serving both
-                work = self.embedder.measure(texts, specs, role=job0.role, truncate=job0.truncate, **extra)
-                tokenized, counts = work.tokenized, work.counts
-            t1 = time.perf_counter()
-            result = self.embedder.embed(texts, specs, role=job0.role, normalize=job0.normalize,
-                                         dimensions=job0.dimensions, truncate=job0.truncate,
-                                         tokenized=tokenized, **extra)
-        except Exception as exc:  # noqa: BLE001 - delivered to the request; its kind decides the answer
-            if len(group) == 1:
-                self._fail(job0, exc)
-                return 0
-            # One request's input is bad (e.g. too long with truncate=false), or trips a bug:
-            # run each alone so that only that request fails.
-            return sum(self._run_group([s]) for s in group)
-        t2 = time.perf_counter()
+        if all(s.job.tokenized is not None for s in group):
+            tokenized = [t for s in group for t in s.job.tokenized[s.start:s.end]]
+        else:
+            work = self.embedder.measure(texts, specs, options)
+            tokenized, offset = work.tokenized, 0
+            for s in group:
+                n = s.end - s.start
+                s.job.usage_tokens[s.start:s.end] = work.counts[offset:offset + n]
+                offset += n
+        t1 = time.perf_counter()
+        result = self.embedder.embed(texts, specs, options, tokenized=tokenized)
+        times.measure += t1 - t0
+        times.embed += time.perf_counter() - t1
+        return result
+
+    def _deliver(self, group: list[_Slice], result: EmbedResult) -> None:
+        """Each slice's vectors into its request; a request complete with this slice is answered."""
         offset = 0
         for s in group:
-            n = s.end - s.start
-            self._deliver(s, result, offset, counts[offset:offset + n])
+            job, n = s.job, s.end - s.start
             offset += n
-        stage = getattr(self, "_stage", None)
-        if stage is not None:
-            stage["count"] += t1 - t0
-            stage["embed"] += t2 - t1
-            stage["deliver"] += time.perf_counter() - t2
-        return int(result.tokens)
-
-    def _deliver(self, s: _Slice, result: Any, offset: int, counts: list[int]) -> None:
-        job = s.job
-        if job.cancelled or job.future.done():
-            return
-        n = s.end - s.start
-        for spec in job.specs:
-            dest = job.vectors.setdefault(spec, [None] * len(job.texts))
-            dest[s.start:s.end] = result.vectors[spec][offset:offset + n]
-            job.multi_vector[spec] = bool(result.multi_vector[spec])
-        job.tokens += int(sum(counts))
-        job.done += n
-        if job.done == len(job.texts):
-            self._in_round = max(0, self._in_round - 1)  # before its client can send again
-            try:
-                job.future.set_result(EmbedOutput(job.vectors, job.multi_vector, job.tokens))
-            except concurrent.futures.InvalidStateError:  # cancelled meanwhile
-                pass
+            if job.cancelled or job.future.done():
+                continue
+            for spec in job.specs:
+                dest = job.vectors.setdefault(spec, [None] * len(job.texts))
+                dest[s.start:s.end] = result.vectors[spec][offset - n:offset]
+                job.multi_vector[spec] = bool(result.multi_vector[spec])
+            job.done += n
+            if job.done == len(job.texts):
+                self._in_round = max(0, self._in_round - 1)  # before its client can send again
+                try:
+                    job.future.set_result(EmbedOutput(job.vectors, job.multi_vector, sum(job.usage_tokens)))
+                except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                    pass
 
     def _fail(self, job: Job, exc: BaseException) -> None:
         with self._cond:
@@ -436,7 +443,7 @@ class Batcher:
                 self._pending.remove(job)
                 left = len(job.texts) - job.taken
                 self._queued_inputs -= left
-                self._queued_tokens -= sum(job.est_tokens[job.taken:])
+                self._queued_tokens -= sum(job.cost_tokens[job.taken:])
                 job.taken = len(job.texts)
                 self._notify_queue()
             job.cancelled = True

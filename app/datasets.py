@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedpool.errors import InvalidError, MissingFileError, require
+from embedpool.errors import InvalidError, MissingFileError, import_extra
 
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
@@ -113,7 +113,7 @@ class CorpusSource:
         if self.is_stdin:
             return None
         if fmt == "parquet":
-            pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+            pq = _parquet()
 
             return pq.ParquetFile(self.path).metadata.num_rows
         n, last = 0, b"\n"
@@ -170,7 +170,7 @@ class CorpusSource:
     def _parquet_slices(self, size: int, limit: int | None) -> list["CorpusSlice"]:
         """Slices of ``size`` rows of a Parquet file, fewer where ``limit`` bytes hold fewer rows
         of its largest rows per row group (uncompressed bytes per row, from the footer)."""
-        pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+        pq = _parquet()
 
         meta = pq.ParquetFile(self.path).metadata
         n = meta.num_rows
@@ -250,7 +250,7 @@ class CorpusSource:
     # -- Parquet (streamed by record batches)
     def _read_parquet(self, start: int = 0, stop: int | None = None) -> Iterator[Record]:
         """Rows ``[start, stop)`` (default: all), reading only the row groups that hold them."""
-        pq = require("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+        pq = _parquet()
 
         pf = pq.ParquetFile(self.path)
         names = pf.schema_arrow.names
@@ -306,6 +306,11 @@ class CorpusSlice:
     first_line: int = 1
 
 
+def _parquet():
+    """``pyarrow.parquet``, or the error naming the extra that installs it."""
+    return import_extra("pyarrow.parquet", "parquet", "Reading a Parquet corpus")
+
+
 def _blank(line: bytes) -> bool:
     """Whether :meth:`CorpusSource._read_lines` skips this line as blank (``str.strip()``
     also strips Unicode spaces, so decode what ASCII stripping leaves unless it is JSON)."""
@@ -324,6 +329,23 @@ def _json_object(line: str, where: str, hint: str = "") -> dict:
     if not isinstance(obj, dict):
         raise DatasetError(f"{where}: expected a JSON object")
     return obj
+
+
+def read_texts(stream, where: str) -> list[str]:
+    """Texts of ``embedpool embed --input``: one per line (a blank line is an empty text), or a
+    JSON object with a string ``text`` field. As in every corpus reader here, a line that starts
+    with ``{`` is JSON: if it does not parse, that is an error naming the line, not a text."""
+    texts = []
+    for lineno, line in enumerate(stream, 1):
+        line = line.rstrip("\n")
+        if not line.lstrip().startswith("{"):
+            texts.append(line)
+            continue
+        obj = _json_object(line, f"{where}, line {lineno}")
+        if not isinstance(obj.get("text"), str):
+            raise DatasetError(f"{where}, line {lineno}: a JSON line needs a string 'text' field")
+        texts.append(obj["text"])
+    return texts
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:

@@ -3,7 +3,7 @@
 Takes a stream of records (read lazily by :class:`app.datasets.CorpusSource`: BEIR
 ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text lines, or stdin), embeds it
 with every requested pooler -- one forward pass per tokenization plan
-for all of them -- and writes one :class:`index.Collection` per pooler spec; every multi-vector
+for all of them -- and writes one :class:`index.CollectionBase` per pooler spec; every multi-vector
 collection also keeps the companion rows its ``two_stage`` search takes candidates from.
 
 Work is sized in tokens and bytes, never in records alone, so that the job's memory is set by its
@@ -219,7 +219,7 @@ class IndexJob:
                 except InvalidError as e:
                     raise IndexJobError(f"--companion: {e}") from None
         engine = {"model": embedder.model_id,
-                  "encoder_precision": getattr(embedder.encoder, "precision", None),
+                  "encoder_precision": embedder.encoder.precision,
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
             t.settings = {"source": source or {}, **engine, "pooler": t.spec,
@@ -234,7 +234,7 @@ class IndexJob:
     def collection_spec(self, t: Target) -> CollectionSpec:
         dim = self.embedder.output_dim(t.spec, self.dimensions)
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
-                      encoder_precision=getattr(self.embedder.encoder, "precision", None))
+                      encoder_precision=self.embedder.encoder.precision)
         if t.multi:
             comp = {} if t.companion is None else dict(
                 companion_pooler=t.companion[0], companion_rows=t.companion[1],
@@ -371,7 +371,7 @@ class IndexJob:
         self.elapsed = time.perf_counter() - t_start
         return self.summary()
 
-    def plan(self) -> dict[str, Any]:
+    def remaining_work(self) -> dict[str, Any]:
         """What an engine needs to embed the rest of the corpus the way :meth:`run` does."""
         return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
                 "specs": self.specs,
@@ -387,7 +387,7 @@ class IndexJob:
         """The in-process engine: the records from :attr:`start` on, cut into embedding calls by
         :func:`token_calls`, embedded in this process."""
         start = self.start
-        checks = self.plan()["checks"]
+        checks = self.remaining_work()["checks"]
         self.records_read = 0
 
         def todo() -> Iterator[tuple[int, Record]]:

@@ -56,7 +56,7 @@ from embedpool.app.indexing import (
     embed_records,
     token_calls,
 )
-from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, require
+from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, import_extra
 
 
 #: bytes of a corpus file taken for one token when read tasks are cut (English text has ~4-5
@@ -296,15 +296,14 @@ def default_threads(workers: int) -> int:
 def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, address: str | None = None,
                workers: int = 1, threads: int | None = None) -> dict[str, Any]:
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
-    require("ray", "ray", "--engine ray")
+    import_extra("ray", "ray", "--engine ray")
     if source.is_stdin:
         raise IndexJobError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
     if workers < 1:
         raise IndexJobError("--workers must be >= 1")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
-    path = getattr(job.embedder.encoder, "precision", None)
-    engine_settings = {**engine_settings, **({"precision": path} if path else {})}
+    engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}
     return _run(job, source, engine_settings, address, workers, threads)
 
 
@@ -315,15 +314,15 @@ def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: st
     started = connect(address)
     try:
         threads = threads or default_threads(workers)
-        plan = job.plan()
-        slices = source.slices(plan["batch_docs"], plan["batch_tokens"] * BYTES_PER_TOKEN)
+        work = job.remaining_work()
+        slices = source.slices(work["batch_docs"], work["batch_tokens"] * BYTES_PER_TOKEN)
         job.records_read = slices[-1].stop if slices else 0
-        first = min([plan["start"], *plan["checks"]])
+        first = min([work["start"], *work["checks"]])
         todo = [s for s in slices if s.stop > first]
         writes = _worker_writes(job)
         job.engine = {"engine": "ray", "address": address or "local", "workers": workers, "threads": threads,
                       "writes": "workers" if writes else "driver", "blocks": len(todo)}
-        return job.drive(_stream(job, source, todo, plan, engine_settings, workers, threads, writes),
+        return job.drive(_stream(job, source, todo, work, engine_settings, workers, threads, writes),
                          total=job.records_read)
     finally:
         if started:
@@ -341,7 +340,7 @@ def _worker_writes(job: IndexJob) -> dict | None:
                                  "companion": t.companion[0] if t.companion else None} for t in targets}}
 
 
-def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: dict, engine_settings: dict,
+def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: dict, engine_settings: dict,
             workers: int, threads: int, writes: dict | None) -> Iterator[EmbeddedBlock]:
     import ray
 
@@ -352,22 +351,22 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], plan: 
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     ctx.raise_original_map_exception = True  # a worker's own error, not "UDF failed to process a data block"
-    specs = plan["specs"]
+    specs = work["specs"]
     shapes = {s: (job.embedder.output_dim(s, job.dimensions), bool(job.embedder.pooler(s).multi_vector))
               for s in specs}
     env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     # one block per read task: Ray would otherwise split blocks to reach its default parallelism
-    ds = ray.data.read_datasource(_datasource(source, todo, plan["start"], plan["checks"]), num_cpus=0,
+    ds = ray.data.read_datasource(_datasource(source, todo, work["start"], work["checks"]), num_cpus=0,
                                   override_num_blocks=len(todo))
     ds = ds.map_batches(
         EmbedWorker, batch_size=None, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=workers),
-        fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, normalize=plan["normalize"],
-                                   dimensions=plan["dimensions"], threads=threads, write=writes,
+        fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, normalize=work["normalize"],
+                                   dimensions=work["dimensions"], threads=threads, write=writes,
                                    model=(job.embedder.model_id, job.embedder.dim),
-                                   batch_tokens=plan["batch_tokens"], batch_docs=plan["batch_docs"]),
+                                   batch_tokens=work["batch_tokens"], batch_docs=work["batch_docs"]),
         num_cpus=threads, runtime_env={"env_vars": env})
-    done = plan["start"]  # every record before this position came back
+    done = work["start"]  # every record before this position came back
     # Ray Data logs every failed task as a bug of its own ("open an issue") before it raises; the
     # error raised here says what failed (Ray's own logs keep the whole story)
     quiet = logging.getLogger("ray.data")

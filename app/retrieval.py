@@ -29,11 +29,8 @@ from typing import Any
 import numpy as np
 
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionBase, CollectionSpec, Hit, maxsim_scores
+from embedpool.index import SEARCH_MODES, CollectionBase, CollectionSpec, Hit, maxsim_scores
 from embedpool.poolers import build_pooler
-
-MODES = ("exhaustive", "two_stage", "tokens")
-
 
 class RetrievalError(InvalidError):
     """A search that cannot run as asked (no companion for two_stage, unknown mode, ...)."""
@@ -120,8 +117,8 @@ def document_embeddings(spec: CollectionSpec, model_dim: int) -> tuple[Embedding
 def companion_name(spec: CollectionSpec, mode: str, name: str = "") -> str | None:
     """The separate companion collection a search in ``mode`` needs (``None``: none, or the
     collection keeps its companion rows itself)."""
-    if mode not in MODES:
-        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}", param="mode")
+    if mode not in SEARCH_MODES:
+        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(SEARCH_MODES)}", param="mode")
     if spec.kind != "multi" or mode != "two_stage" or spec.companion_pooler is not None:
         return None
     if not spec.companion:

@@ -6,7 +6,8 @@ STS-B sentences (test set ``sentence1``/``sentence2`` in order, then dev):
 
 - texts/s of sentence-transformers ``encode()`` fp32 (the reference) and of embedpool with each
   path (``poolers/precision.py``: torch fp32 / bf16 autocast / bf16 weights, OpenVINO fp32 / bf16 /
-  NNCF int8 / int8 weights, ONNX Runtime's own dynamic and static QDQ int8), all with ``mean``
+  NNCF int8 / int8 weights; and ONNX Runtime's own dynamic and static QDQ int8 from
+  ``bench/onnx_paths.py``, which no setting reaches), all with ``mean``
   pooling, normalized; ratios to the
   reference; ``auto`` as the encoder the server would load;
 - cosine of every path's embedding to embedpool fp32 (min and mean) and the quality bar
@@ -121,12 +122,13 @@ def build_systems(args, st, enc32, feats):
     import copy
 
     from embedpool.poolers import Embedder, FrozenEncoder
-    from embedpool.poolers.precision import MEASURED_ONLY, PATHS, cpu_features, load_forward
+    from onnx_paths import PATHS as ONNX_PATHS
+    from onnx_paths import load_path
 
-    from embedpool.poolers.precision import choose
+    from embedpool.poolers.precision import PATHS, choose
 
     isa = feats.isa
-    wanted = args.paths or [*PATHS, *MEASURED_ONLY]
+    wanted = args.paths or [*PATHS, *ONNX_PATHS]
     systems = {"st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
                                               convert_to_numpy=True, show_progress_bar=False)}
     load_s, skipped = {}, {}
@@ -136,7 +138,7 @@ def build_systems(args, st, enc32, feats):
             continue
         t0 = time.perf_counter()
         try:
-            fwd = load_forward(path, enc32.model, enc32.tokenizer, enc32.max_length)
+            fwd = load_path(path, enc32.model, enc32.tokenizer, enc32.max_length)
         except Exception as exc:  # a library missing or failing: reported, not fatal
             skipped[path] = f"{type(exc).__name__}: {exc}"[:200]
             continue
@@ -159,6 +161,8 @@ def build_systems(args, st, enc32, feats):
 
 def measure_sets(systems: dict, enc32, docs: list[str], sentences: list[str], args) -> dict:
     """Both text sets through every system, interleaved; speeds, ratios and cosines to fp32."""
+    from embedpool.poolers import Embedder
+
     sets = {}
     for name, texts, chunk in (("scifact_docs", docs, args.chunk_docs),
                                ("stsb_sentences", sentences, args.chunk_sentences)):
@@ -167,7 +171,7 @@ def measure_sets(systems: dict, enc32, docs: list[str], sentences: list[str], ar
         seconds, embs = encode_interleaved(systems, texts, chunk)
         ref = seconds["st_fp32"]
         sets[name] = {
-            "texts": len(texts), "tokens": sum(enc32.count_tokens(texts)), "seconds": seconds,
+            "texts": len(texts), "tokens": sum(Embedder(enc32).measure(texts, ["mean"]).counts), "seconds": seconds,
             "texts_per_s": {k: len(texts) / v for k, v in seconds.items()},
             "ratio_to_reference": {k: ref / v for k, v in seconds.items()},
             "cosine_to_fp32": {k: cosines(e, embs["fp32"]) for k, e in embs.items()},

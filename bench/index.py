@@ -75,7 +75,7 @@ if THREADS > 0:
 import numpy as np  # noqa: E402
 
 from embedpool.app.tables import render_table  # noqa: E402
-from embedpool.index import Collection, CollectionSpec, delete_collection, open_collection  # noqa: E402
+from embedpool.index import FaissCollection, CollectionSpec, delete_collection, open_collection  # noqa: E402
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"
@@ -122,7 +122,7 @@ def pct(ms: list[float]) -> dict[str, float]:
 
 
 def bench_flat(root: Path, n: int, dim: int, n_queries: int, batch: int, rng) -> dict:
-    coll = Collection.create(root, "flat", CollectionSpec(kind="single", dim=dim))
+    coll = FaissCollection.create(root, "flat", CollectionSpec(kind="single", dim=dim))
     t0 = time.perf_counter()
     step = 20_000
     for s in range(0, n, step):
@@ -183,14 +183,14 @@ def synth_tokens(rng, n_docs: int, dim: int, lo: int, hi: int, n_q: int, q_token
 def bench_maxsim(root: Path, n_docs: int, dim: int, n_q: int, candidates: list[int], rng) -> dict:
     docs, queries = synth_tokens(rng, n_docs, dim, 32, 128, n_q, 16)
     ids = [f"d{i}" for i in range(n_docs)]
-    pooled = Collection.create(root, "pooled", CollectionSpec(kind="single", dim=dim))
+    pooled = FaissCollection.create(root, "pooled", CollectionSpec(kind="single", dim=dim))
     pooled.add(ids, unit(np.stack([d.mean(0) for d in docs])))
     pooled.commit()
     cq = unit(np.stack([q.mean(0) for q in queries]))
     out = {"documents": n_docs, "dim": dim, "tokens": int(sum(len(d) for d in docs)),
            "queries": n_q, "query_tokens": 16, "precisions": {}}
     for precision in ("float32", "float16", "int8"):
-        coll = Collection.create(root, f"multi-{precision}",
+        coll = FaissCollection.create(root, f"multi-{precision}",
                                  CollectionSpec(kind="multi", dim=dim, precision=precision, companion="pooled"))
         for s in range(0, n_docs, 1000):
             coll.add(ids[s:s + 1000], docs[s:s + 1000])
@@ -257,7 +257,7 @@ def bench_scifact(root: Path, docs: int | None, encode_threads: int, latency_que
     q = sd.scifact_queries(sf, cache)
     q_tokens, q_mean = q["tokens"], np.stack(q["mean"])
     mean_docs = np.stack(sd.scifact_docs(sf, cache, ("mean",))["mean"])
-    mean = Collection.create(root, "mean", CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384))
+    mean = FaissCollection.create(root, "mean", CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384))
     _add_all(mean, sf.doc_ids, mean_docs, 2000)
     hits = mean.search(q_mean, k=10)
     out = {"documents": len(sf.doc_ids), "queries": len(qids), "latency_queries": latency_queries,
@@ -269,7 +269,7 @@ def bench_scifact(root: Path, docs: int | None, encode_threads: int, latency_que
         vecs = sd.scifact_docs(sf, cache, (pooler,))[pooler]
         for precision in PRECISIONS:
             name = f"{_slug(pooler)}-{precision}"
-            coll = Collection.create(root, name, CollectionSpec(
+            coll = FaissCollection.create(root, name, CollectionSpec(
                 kind="multi", model=MODEL, pooler=pooler, dim=384, precision=precision, companion="mean"))
             t_add = _add_all(coll, sf.doc_ids, vecs, 500)
             st = coll.stats()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from embedpool.app.tables import render_table
-from embedpool.index import Collection, CollectionSpec, delete_collection
+from embedpool.index import FaissCollection, CollectionSpec, delete_collection
 from embedpool.poolers import build_pooler
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -42,15 +42,15 @@ def fde_vectors(spec: str, sets: list[np.ndarray], role: str) -> np.ndarray:
     return unit(np.concatenate([pooler.encode_sets(sets[s:s + 256], role) for s in range(0, len(sets), 256)]))
 
 
-def _single(root: Path, name: str, pooler: str, x: np.ndarray, ids: list[str]) -> Collection:
-    c = Collection.create(root, name, CollectionSpec(kind="single", model=MODEL, pooler=pooler, dim=x.shape[1]))
+def _single(root: Path, name: str, pooler: str, x: np.ndarray, ids: list[str]) -> FaissCollection:
+    c = FaissCollection.create(root, name, CollectionSpec(kind="single", model=MODEL, pooler=pooler, dim=x.shape[1]))
     c.add(ids, x)
     c.commit()
     return c
 
 
-def _multi(root: Path, name: str, pooler: str, sets: list[np.ndarray], ids: list[str]) -> Collection:
-    c = Collection.create(root, name, CollectionSpec(kind="multi", model=MODEL, pooler=pooler, dim=384))
+def _multi(root: Path, name: str, pooler: str, sets: list[np.ndarray], ids: list[str]) -> FaissCollection:
+    c = FaissCollection.create(root, name, CollectionSpec(kind="multi", model=MODEL, pooler=pooler, dim=384))
     for s in range(0, len(ids), 500):
         c.add(ids[s:s + 500], sets[s:s + 500])
     c.commit()

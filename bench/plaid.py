@@ -76,7 +76,7 @@ def worker(data: Path, out_dir: Path) -> dict:
 
 # ------------------------------------------------------------------ embedpool side
 def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> list[dict]:
-    from embedpool.index import Collection, CollectionSpec
+    from embedpool.index import FaissCollection, CollectionSpec
     from embedpool.poolers import build_pooler
 
     fde = build_pooler("fde")
@@ -89,7 +89,7 @@ def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> 
     for i, (pooler, precision, companion, n) in enumerate(configs):
         vecs = sd.scifact_docs(sf, cache, (pooler,))[pooler]
         t0 = time.perf_counter()
-        coll = Collection.create(root, f"m{i}", CollectionSpec(kind="multi", pooler=pooler, dim=384, precision=precision))
+        coll = FaissCollection.create(root, f"m{i}", CollectionSpec(kind="multi", pooler=pooler, dim=384, precision=precision))
         for s in range(0, len(vecs), 500):
             coll.add(sf.doc_ids[s:s + 500], vecs[s:s + 500])
         coll.commit()
@@ -102,7 +102,7 @@ def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> 
             x /= np.linalg.norm(x, axis=1, keepdims=True)
             cq = qf
         if companion:
-            comp = Collection.create(root, f"c{i}", CollectionSpec(kind="single", pooler=companion, dim=x.shape[1]))
+            comp = FaissCollection.create(root, f"c{i}", CollectionSpec(kind="single", pooler=companion, dim=x.shape[1]))
             comp.add(sf.doc_ids, x)
             comp.commit()
         build = time.perf_counter() - t0

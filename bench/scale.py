@@ -35,13 +35,10 @@ Writes ``bench/results/scale.json`` (``scale_index.json``) and prints markdown t
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,50 +47,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # the memory measurements the tests use too
+from memory_testutil import WATCHDOG_BYTES, PeakRSS, measure_pool, watched  # noqa: E402
 RESULTS = HERE / "results" / "scale.json"
 SIZES = (1_000, 4_000, 16_000, 64_000)
 POOLERS = ("mean", "landmark", "tokens:window=true", "cluster:pool_factor=4,window=true")
 OLD = "old:cluster:pool_factor=4,window=true"  # whole-text clustering, the behaviour before
 OLD_SIZES = (1_000, 4_000, 8_000)
-WATCHDOG_BYTES = 4 << 30
 TARGET_RATIO, TARGET_RSS_MB = 1.5, 2048
 
 
 # ---------------------------------------------------------------------- measuring
-class PeakRSS:
-    """Peak RSS growth of a block in process ``pid`` (default: this one): the kernel's
-    high-water mark (``VmHWM``, reset on entry by writing 5 to ``/proc/PID/clear_refs``) minus
-    ``VmRSS`` on entry, in MB. In this process, free heap memory is first returned to the
-    system (``malloc_trim``) so that the block cannot hide its allocations in memory the
-    process already held."""
-
-    def __init__(self, pid: int | str = "self") -> None:
-        self.proc = Path(f"/proc/{pid}")
-        self.own = pid == "self"
-
-    def _kb(self, key: str) -> int:
-        m = re.search(rf"^{key}:\s+(\d+) kB", (self.proc / "status").read_text(), re.M)
-        return int(m.group(1)) if m else 0
-
-    def __enter__(self) -> "PeakRSS":
-        if self.own:
-            try:
-                ctypes.CDLL("libc.so.6").malloc_trim(0)
-            except OSError:
-                pass
-        (self.proc / "clear_refs").write_text("5")
-        self.before_mb = self._kb("VmRSS") / 1024
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.peak_mb = self._kb("VmHWM") / 1024
-        self.growth_mb = self.peak_mb - self.before_mb
-
-    def report(self) -> dict:
-        return {"step_rss_before_mb": round(self.before_mb, 1), "step_peak_rss_mb": round(self.peak_mb, 1),
-                "step_rss_growth_mb": round(self.growth_mb, 1)}
-
-
 def synthetic_document(n_tokens: int, tokenizer) -> str:
     """SciFact abstracts (``title + " " + text``, file order) joined with blank lines and cut
     where the tokenizer's ``n_tokens``-th token ends: a realistic long document."""
@@ -133,24 +97,13 @@ def run_case(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), th
         out = {"pooler": pooler, "mode": mode, "tokens": n_tokens, "encoded_tokens": sum(work.tokens),
                "expected_vectors": work.vectors, "torch_threads": torch.get_num_threads()}
         calls = encoder.stats.forward_calls
-        out.update(_measure_pool(embedder, doc, spec) if mode == "pool" else _measure_embed(embedder, doc, spec, mode))
+        out.update(measure_pool(embedder, doc, spec) if mode == "pool" else _measure_embed(embedder, doc, spec, mode))
         import resource
 
         out.update(peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                    forward_calls=encoder.stats.forward_calls - calls, max_batch_tokens=encoder.max_batch_tokens)
         results.append(out)
     return results
-
-
-def _measure_pool(embedder, doc: str, spec: str) -> dict:
-    from embedpool.poolers import TokenStates
-
-    p = embedder.pooler(spec)
-    states = TokenStates.concat([s for _, s in embedder.encoder.encode([doc], p.plan)])
-    with PeakRSS() as peak:
-        pooled = p.pool(states)
-    return {"vectors": int(pooled[0].shape[0]) if p.multi_vector else 1, "rows": int(states.hidden.shape[0]),
-            **peak.report()}
 
 
 def _measure_embed(embedder, doc: str, spec: str, mode: str, min_seconds: float = 2.0, max_reps: int = 5) -> dict:
@@ -181,33 +134,6 @@ def _measure_embed(embedder, doc: str, spec: str, mode: str, min_seconds: float 
     return {"seconds": min(times), "seconds_median": statistics.median(times), "reps": len(times),
             "s_per_1k_tokens": min(times) / (n_tokens / 1000), "vectors": int(vecs.shape[0]) if vecs.ndim == 2 else 1,
             **peak.report()}
-
-
-def watched(cmd: list[str], env: dict | None = None, limit_bytes: int = WATCHDOG_BYTES,
-            timeout: float = 900) -> tuple[object, str | None]:
-    """Run ``cmd``, killed if its RSS passes ``limit_bytes`` or it outlives ``timeout`` s.
-    Returns ``(json of its last stdout line, None)`` or ``(None, why it was killed)``."""
-    import psutil
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
-    ps, deadline, killed = psutil.Process(proc.pid), time.monotonic() + timeout, None
-    while proc.poll() is None:
-        try:
-            rss = ps.memory_info().rss
-        except psutil.NoSuchProcess:
-            break
-        if rss > limit_bytes or time.monotonic() > deadline:
-            killed = f"RSS {rss / 2**20:.0f} MB" if rss > limit_bytes else "timeout"
-            proc.kill()
-            break
-        time.sleep(0.05)
-    stdout, stderr = proc.communicate()
-    if killed:
-        return None, killed
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd[1:])} failed:\n{stderr[-3000:]}")
-    return json.loads(stdout.strip().splitlines()[-1]), None
 
 
 def run_in_subprocess(pooler: str, n_tokens: int, modes: tuple[str, ...] = ("embed",), threads: int = 0,
@@ -290,7 +216,7 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
     embedder = Embedder(FrozenEncoder(precision=os.environ.get("EMBEDPOOL_PRECISION", "auto")))
     embedder.embed(["warm up"], list(INDEX_POOLERS))
     probe = PeakRSS()
-    base_mb = probe._kb("VmRSS") / 1024
+    base_mb = probe.kb("VmRSS") / 1024
     commits = []
     with tempfile.TemporaryDirectory() as tmp:
         job = IndexJob(embedder, tmp, "scifact", list(INDEX_POOLERS), companion="mean", commit_every=commit_every,
@@ -299,11 +225,11 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
 
         def recorded() -> None:
             commit_all()
-            commits.append({"documents": job.records_indexed, "rss_mb": round(probe._kb("VmRSS") / 1024, 1),
-                            "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1),
+            commits.append({"documents": job.records_indexed, "rss_mb": round(probe.kb("VmRSS") / 1024, 1),
+                            "peak_rss_mb": round(probe.kb("VmHWM") / 1024, 1),
                             # anonymous (heap) vs file-backed (mapped files) resident memory
-                            "rss_anon_mb": round(probe._kb("RssAnon") / 1024, 1),
-                            "rss_file_mb": round(probe._kb("RssFile") / 1024, 1),
+                            "rss_anon_mb": round(probe.kb("RssAnon") / 1024, 1),
+                            "rss_file_mb": round(probe.kb("RssFile") / 1024, 1),
                             "stores": {t.spec: _store_bytes(t.coll) for t in job.targets.values()}})
 
         job._commit_all = recorded
@@ -314,7 +240,7 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
     return {"side": "old: committed segments held in memory" if hold else "new", "documents": len(records),
             "commit_every": commit_every, "storage_precision": precision,
             "seconds": round(seconds, 1), "rss_after_model_mb": round(base_mb, 1), "commits": commits,
-            "peak_rss_mb": round(probe._kb("VmHWM") / 1024, 1)}
+            "peak_rss_mb": round(probe.kb("VmHWM") / 1024, 1)}
 
 
 def index_table(res: dict) -> str:

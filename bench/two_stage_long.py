@@ -53,7 +53,7 @@ def build(embedder, corpus, root: Path, specs: list[str], log) -> dict[tuple[str
     """One collection per (pooler, companion), all from one pass over the corpus."""
     from embedpool.app.indexing import BATCH_TOKENS, embed_records, token_calls
     from embedpool.app.retrieval import resolve_companion
-    from embedpool.index import Collection, CollectionSpec
+    from embedpool.index import FaissCollection, CollectionSpec
 
     colls = {}
     for p in POOLERS:
@@ -62,7 +62,7 @@ def build(embedder, corpus, root: Path, specs: list[str], log) -> dict[tuple[str
             spec = CollectionSpec(kind="multi", model=embedder.model_id, pooler=embedder.canonical(p),
                                   dim=embedder.dim, precision="int8", companion_pooler=cspec,
                                   companion_rows=rows, companion_dim=embedder.output_dim(cspec))
-            colls[(p, c)] = Collection.create(root, f"c{len(colls)}", spec)
+            colls[(p, c)] = FaissCollection.create(root, f"c{len(colls)}", spec)
     t0 = time.perf_counter()
     done = 0
     for call in token_calls(embedder, enumerate(corpus), specs, batch_tokens=BATCH_TOKENS, batch_docs=256):

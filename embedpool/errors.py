@@ -150,7 +150,7 @@ class MissingExtraError(UnavailableError):
     """An optional part of embedpool (an extra of the package) is not installed."""
 
 
-def require(module: str, extra: str, what: str) -> object:
+def import_extra(module: str, extra: str, what: str) -> object:
     """``module`` imported, or a :class:`MissingExtraError` naming the extra that installs it.
 
     The HTTP API over FAISS needs none of the extras (they stay out of its image); the commands

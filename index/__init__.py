@@ -9,7 +9,7 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
     coll.add(ids, vectors, texts); coll.commit()
     hits = coll.search(queries, k=10)
 
-``Collection`` (FAISS folders, :mod:`index.faiss_backend`) and ``MilvusCollection``
+``FaissCollection`` (FAISS folders, :mod:`index.faiss_backend`) and ``MilvusCollection``
 (:mod:`index.milvus`) implement the whole contract of ``CollectionBase`` (:mod:`index.base`).
 """
 
@@ -20,8 +20,8 @@ from .backends import (
     open_collection,
     read_collection_manifest,
 )
-from .base import STATS_KEYS, Capabilities, CollectionBase, Hit
-from .faiss_backend import Collection
+from .base import SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit
+from .faiss_backend import FaissCollection
 from .errors import (
     BackendError,
     CollectionError,
@@ -30,7 +30,6 @@ from .errors import (
     CorruptCollectionError,
     DocumentNotFoundError,
     FormatVersionError,
-    IndexError_,
     InvalidInputError,
     NotACollectionError,
     NotFoundError,
@@ -41,11 +40,11 @@ from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
-    "Collection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
+    "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest",
-    "BACKENDS", "BackendError", "Capabilities", "STATS_KEYS",
+    "BACKENDS", "BackendError", "Capabilities", "SEARCH_MODES", "STATS_KEYS",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
-    "CollectionError", "IndexError_", "NotFoundError", "CollectionNotFoundError",
+    "CollectionError", "NotFoundError", "CollectionNotFoundError",
     "DocumentNotFoundError", "NotACollectionError", "FormatVersionError", "SpecMismatchError",
     "InvalidInputError", "TrainingError", "CollectionLockedError", "CorruptCollectionError",
 ]

@@ -45,7 +45,9 @@ from .validate import (
     preview,
 )
 
-MODES = ("exhaustive", "tokens", "two_stage")
+#: The search modes of a multi-vector collection (:meth:`CollectionBase.search`): every layer
+#: that names them (HTTP schema, CLI, evaluation) takes them from here.
+SEARCH_MODES = ("exhaustive", "tokens", "two_stage")
 
 #: The property under which a backend without files (Milvus) keeps the manifest; reserved.
 MANIFEST_PROPERTY = "embedpool.manifest"
@@ -399,8 +401,8 @@ class CollectionBase(ABC):
         if self.spec.kind == "single":
             return self._search_single(as_matrix(queries, self.spec.dim, "queries", self.name), k)
         qs = check_multi_vectors(self.spec, self.name, queries, None, "queries")
-        if mode not in MODES:
-            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(MODES)}")
+        if mode not in SEARCH_MODES:
+            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
         if not qs:
             return []
         if mode == "exhaustive":

@@ -21,10 +21,6 @@ class CollectionError(errors.EmbedpoolError, ValueError):
     kind = Kind.INVALID
 
 
-#: Alias kept for callers that name the base error after the package.
-IndexError_ = CollectionError
-
-
 class NotFoundError(CollectionError, errors.NotFoundError, KeyError):
     """Something named does not exist (also a ``KeyError``)."""
 

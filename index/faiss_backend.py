@@ -21,9 +21,7 @@ files -- that COMMIT is the durable point. Files that the database does not name
 leftovers of an unfinished commit and are deleted by the next writer (or by an opener when no
 writer is active).
 
-Properties live in the ``meta`` table as ``property:<key>``. Collections indexed before
-properties existed kept the indexing job's state in ``indexjob.json``: it reads as the property
-``embedpool.indexjob`` until a commit stores that property, which removes the file.
+Properties live in the ``meta`` table as ``property:<key>``.
 """
 
 from __future__ import annotations
@@ -70,19 +68,17 @@ from .vectors import StoreCommit, StoreState, VectorStore
 
 log = logging.getLogger("embedpool.index")
 
-__all__ = ["Collection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
+__all__ = ["FaissCollection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
 _MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|companion)-\d+\.delta\.npz|"
                       r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
 STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
 PROPERTY_PREFIX = "property:"
-#: properties that format-1 collections kept in files of their own (read until migrated)
-LEGACY_PROPERTY_FILES = {"embedpool.indexjob": "indexjob.json"}
 #: how long a writer waits for the folder lock held by a reader's or deleter's brief cleanup
 WRITER_LOCK_WAIT = 1.0
 
 
-class Collection(CollectionBase):
+class FaissCollection(CollectionBase):
     """A persistent single- or multi-vector collection in a folder. Use :meth:`create` /
     :meth:`open` (or :func:`index.open_collection`).
 
@@ -97,7 +93,7 @@ class Collection(CollectionBase):
 
     # ---- opening ------------------------------------------------------------------------
     @classmethod
-    def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
+    def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         """Create ``<data_dir>/<name>``; if it exists with an equal spec, open it; if with a
         different spec, raise :class:`SpecMismatchError` naming the differing fields."""
         check_new_spec(name, spec)
@@ -112,7 +108,7 @@ class Collection(CollectionBase):
         return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
-    def open(cls, data_dir: str | os.PathLike, name: str) -> "Collection":
+    def open(cls, data_dir: str | os.PathLike, name: str) -> "FaissCollection":
         """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
         manifest = collection_manifest(data_dir, name)
         folder = Path(data_dir) / name
@@ -122,7 +118,7 @@ class Collection(CollectionBase):
         return cls(Path(data_dir), name, manifest)
 
     @classmethod
-    def open_or_create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "Collection":
+    def open_or_create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         return cls.create(data_dir, name, spec)
 
     def __init__(self, data_dir: Path, name: str, manifest: dict[str, Any]) -> None:
@@ -226,7 +222,7 @@ class Collection(CollectionBase):
             return
         if not self._flock.try_acquire(wait=WRITER_LOCK_WAIT):
             raise CollectionLockedError(
-                f"collection {self.name!r} has uncommitted writes from another process or Collection "
+                f"collection {self.name!r} has uncommitted writes from another process or FaissCollection "
                 "object; commit or close that one first (one writer at a time)")
         try:
             self._db.begin()
@@ -329,7 +325,7 @@ class Collection(CollectionBase):
             with self._rw.read():  # searches go on while the files are written
                 delta = self._vec.write(self.folder, gen) if data else StoreCommit()
             with self._rw.write():
-                props = self._record(delta, gen, data)
+                self._record(delta, gen, data)
                 self._db.commit()  # <- the durable point
                 self._gen = gen
                 self._dirty = False
@@ -339,7 +335,6 @@ class Collection(CollectionBase):
             try:
                 with self._db.snapshot():
                     self._remove_stale_files()  # replaced generations, compacted segments
-                self._remove_legacy_files(props)
             finally:
                 self._flock.release()
             if data:
@@ -348,8 +343,8 @@ class Collection(CollectionBase):
                 except OSError as e:  # the commit itself is durable; the manifest only has counts
                     log.warning("collection %r: could not update %s: %s", self.name, MANIFEST, e)
 
-    def _record(self, delta: StoreCommit, gen: int, data: bool) -> list[str]:
-        """Write the commit's rows inside the transaction; returns the property keys written."""
+    def _record(self, delta: StoreCommit, gen: int, data: bool) -> None:
+        """Write the commit's rows inside the transaction."""
         if delta.reset_segments:
             self._db.clear_segments()
         if delta.new_segment is not None:
@@ -360,14 +355,6 @@ class Collection(CollectionBase):
         meta.update({PROPERTY_PREFIX + k: v for k, v in self._props.items()})
         for k, v in meta.items():
             self._db.set_meta(k, v)
-        return list(self._props)
-
-    def _remove_legacy_files(self, keys: list[str]) -> None:
-        names = [LEGACY_PROPERTY_FILES[k] for k in keys if k in LEGACY_PROPERTY_FILES]
-        if any((self.folder / n).exists() for n in names):
-            for n in names:
-                remove_quietly(self.folder / n)
-            fsync_dir(self.folder)
 
     def compact(self) -> None:
         """Rebuild without deleted/replaced documents (HNSW tombstones, dead multi-vector
@@ -402,14 +389,7 @@ class Collection(CollectionBase):
         check_property(key, "")
         if key in self._props:
             return self._props[key]
-        value = self._db.get_meta(PROPERTY_PREFIX + key)
-        legacy = LEGACY_PROPERTY_FILES.get(key)
-        if value is None and legacy is not None:
-            try:
-                value = (self.folder / legacy).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                pass
-        return value
+        return self._db.get_meta(PROPERTY_PREFIX + key)
 
     def set_property(self, key: str, value: str) -> None:
         """Stage a property; the next :meth:`commit` writes it in the same SQLite transaction as
@@ -482,8 +462,8 @@ class Collection(CollectionBase):
             names = self._db.ext_of(int(i) for i in np.unique(I) if i >= 0)
         return [[names[int(i)] for i in row if i >= 0 and int(i) in names] for row in I]
 
-    def _open_sibling(self, name: str) -> "Collection":
-        return Collection.open(self.data_dir, name)
+    def _open_sibling(self, name: str) -> "FaissCollection":
+        return FaissCollection.open(self.data_dir, name)
 
     def _sync(self) -> None:
         if not self._db.in_transaction:
@@ -548,10 +528,10 @@ class Collection(CollectionBase):
 class FaissBackend(Backend):
     """Collections as folders under ``where.data_dir``."""
 
-    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> Collection:
+    def open(self, where: Where, name: str, spec: CollectionSpec | None) -> FaissCollection:
         if spec is None:
-            return Collection.open(where.data_dir, name)
-        return Collection.open_or_create(where.data_dir, name, spec)
+            return FaissCollection.open(where.data_dir, name)
+        return FaissCollection.open_or_create(where.data_dir, name, spec)
 
     def list(self, where: Where) -> list[str]:
         return list_collections(where.data_dir)

@@ -18,6 +18,10 @@ both use it). Document ``j`` of the synthetic corpus:
 Documents are generated in fixed blocks of :data:`BLOCK` from ``(seed, block)``, so any range of
 them is reproducible without generating what comes before (a fresh build of a subset is the
 same documents as in the big build).
+
+No embedpool command reaches it; it is here, not in ``bench/``, because the index tests
+(``tests/index/test_index_scale.py``) use it as well as ``bench/million.py``, and tests do not
+import benchmark scripts.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one interface of a FAISS collection's vector storage, whatever the kind.
 
-:class:`index.faiss_backend.Collection` holds a :class:`VectorStore` -- a
+:class:`index.faiss_backend.FaissCollection` holds a :class:`VectorStore` -- a
 :class:`~index.single.SingleStore` (one FAISS index) or a :class:`~index.multi.MultiStore`
 (token segments + an optional token ANN index) -- and drives it through these methods only:
 load what a commit names, add and remove by internal id, write the files of the next commit,

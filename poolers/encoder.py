@@ -408,14 +408,6 @@ class FrozenEncoder:
         n = max((r.span[1] for plan_rows in rows.values() for r in plan_rows), default=0) + self._n_special
         return min(n, self.max_length) if truncate else n
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens each text would occupy under the standard plan (after truncation); safe from
-        any thread (tokenization is serialized)."""
-        enc = self.run_tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                                 max_length=self.max_length, return_attention_mask=False,
-                                 return_token_type_ids=False, verbose=False)
-        return [len(ids) for ids in enc["input_ids"]]
-
     def lengths(self, texts: Sequence[str], role: str | None = None, prompt_name: str | None = None) -> list[int]:
         """Tokens each text (with its prompt and the special tokens) has before any truncation:
         over ``max_length``, ``truncate=False`` refuses it."""

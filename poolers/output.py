@@ -41,11 +41,6 @@ def unit_ranges(dim: int) -> np.ndarray:
     return np.stack([np.full(dim, -1.0, np.float32), np.full(dim, 1.0, np.float32)])
 
 
-def code_width(dim: int, precision: str) -> int:
-    """Codes per vector of ``dim`` dimensions (bytes for the quantized precisions)."""
-    return (dim + 7) // 8 if precision.endswith("binary") else dim
-
-
 def quantize_output(vectors: Sequence[np.ndarray], precision: str,
                     ranges: np.ndarray | None = None) -> list[np.ndarray]:
     """Convert float32 embeddings to ``precision``.

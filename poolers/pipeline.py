@@ -3,6 +3,7 @@ then post-processing (Matryoshka ``dimensions``, normalization)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,9 +68,59 @@ class Tokenized:
     rows: dict[Plan, list]
 
 
-def _tokenize_key(role: str, truncate: bool, prompt_name: str | None = None,
-                  truncation_direction: str = "right") -> tuple:
-    return (role, bool(truncate), prompt_name, truncation_direction)
+@dataclass(frozen=True)
+class EmbedOptions:
+    """The options of an :meth:`Embedder.embed` call besides its texts and poolers: what
+    changes the forward pass or its post-processing. Calls with equal options can share
+    forward batches (the server's batcher groups requests by them).
+
+    Args:
+        role: ``query`` or ``document``; selects the model's prompt if it has one.
+        normalize: L2-normalize every output vector.
+        dimensions: keep the first ``dimensions`` components (Matryoshka), then normalize;
+            not applied to poolers with a size of their own (``fde``).
+        truncate: cut inputs at the model's window (standard plan); ``False`` raises on an
+            over-long input instead. The landmark plan windows and never truncates.
+        prompt_name: one of the model's prompts by name (instead of the ``role``'s).
+        truncation_direction: ``right`` (default) or ``left``: the end at which ``truncate``
+            cuts an over-long input.
+    """
+
+    role: str = "document"
+    normalize: bool = True
+    dimensions: int | None = None
+    truncate: bool = True
+    prompt_name: str | None = None
+    truncation_direction: str = "right"
+
+    @classmethod
+    def of(cls, options: "EmbedOptions | None" = None, **fields) -> "EmbedOptions":
+        """``options`` (default: the defaults) with ``fields`` replaced; an unknown field is a
+        ``TypeError``."""
+        options = options if options is not None else cls()
+        return dataclasses.replace(options, **fields) if fields else options
+
+    @property
+    def tokenize_key(self) -> tuple:
+        """The options that change tokenization: rows made under another key are not reusable."""
+        return (self.role, bool(self.truncate), self.prompt_name, self.truncation_direction)
+
+    @property
+    def tokenizer_options(self) -> dict:
+        """The encoder's keyword options of tokenization (besides role and truncate)."""
+        return {"prompt_name": self.prompt_name, "truncation_direction": self.truncation_direction}
+
+
+def _check_tokenized(tokenized: Sequence[Tokenized] | None, n_texts: int, key: tuple) -> None:
+    """Pre-tokenized rows must be one per text, made with this call's tokenization options."""
+    if tokenized is None:
+        return
+    if len(tokenized) != n_texts:
+        raise InvalidError(f"tokenized holds {len(tokenized)} texts' rows for {n_texts} texts")
+    for i, t in enumerate(tokenized):
+        if t.key != key:
+            raise InvalidError(f"tokenized[{i}] was made with the options {t.key} (role, truncate, prompt "
+                               f"name, truncation direction), this call has {key}: measure with the same options")
 
 
 def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
@@ -133,13 +184,6 @@ class Embedder:
         own = self.pooler(spec).output_dim(self.dim)
         return own if own is not None else (dimensions or self.dim)
 
-    def dimensions_for(self, spec: str | None, dim: int) -> int | None:
-        """The ``dimensions`` argument that makes pooler ``spec`` produce ``dim``-sized vectors
-        (``None``: none needed, e.g. a pooler with a size of its own)."""
-        if self.pooler(spec).output_dim(self.dim) is not None or dim >= self.dim:
-            return None
-        return dim
-
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is None:
             return
@@ -159,15 +203,17 @@ class Embedder:
         return built, by_plan
 
     def measure(self, texts: Sequence[str], poolers: Sequence[str] | str | None = None,
-                role: str = "document", truncate: bool = True, **options) -> Workload:
+                options: EmbedOptions | None = None, **fields) -> Workload:
         """The tokens and vectors :meth:`embed` would run and return for these arguments
-        (``options``: ``prompt_name``, ``truncation_direction``), from tokenization alone (no
-        forward pass): what request limits check. The tokenization is kept in the result
-        (``tokenized``) for :meth:`embed` to reuse, so a server that checks a request's limits
-        does not tokenize it again to encode it. Raises what :meth:`embed` would for an input it
-        refuses (e.g. too long with ``truncate=False``)."""
+        (``options`` or its ``fields`` as keywords; only those that change tokenization matter:
+        ``role``, ``truncate``, ``prompt_name``, ``truncation_direction``), from tokenization
+        alone (no forward pass): what request limits check. The tokenization is kept in the
+        result (``tokenized``) for :meth:`embed` to reuse, so a server that checks a request's
+        limits does not tokenize it again to encode it. Raises what :meth:`embed` would for an
+        input it refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
+        options = EmbedOptions.of(options, **fields)
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
         vectors = 0
@@ -175,91 +221,84 @@ class Embedder:
             return Workload(tokens, vectors)
         per_text: list[dict[Plan, list]] = [{} for _ in texts]
         for plan, specs in by_plan.items():
-            for i, rows in enumerate(self.encoder.tokenize_each(texts, plan, role, truncate, **options)):
+            for i, rows in enumerate(self.encoder.tokenize_each(texts, plan, options.role, options.truncate,
+                                                                **options.tokenizer_options)):
                 lengths = [len(r.ids) for r in rows]
                 tokens[i] += sum(lengths)
-                vectors += sum(built[spec].n_vectors(lengths, role) for spec in specs)
+                vectors += sum(built[spec].n_vectors(lengths, options.role) for spec in specs)
                 per_text[i][plan] = rows
-        key = _tokenize_key(role, truncate, **options)
-        counts = [self.encoder.standard_count(rows, truncate) for rows in per_text]
-        return Workload(tokens, vectors, counts, [Tokenized(key, rows) for rows in per_text])
+        counts = [self.encoder.standard_count(rows, options.truncate) for rows in per_text]
+        return Workload(tokens, vectors, counts, [Tokenized(options.tokenize_key, rows) for rows in per_text])
 
-    def embed(
-        self,
-        texts: Sequence[str],
-        poolers: Sequence[str] | str | None = None,
-        role: str = "document",
-        normalize: bool = True,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        on_batch: Callable[[int, int], None] | None = None,
-        on_pool: Callable[[str, float], None] | None = None,
-        *,
-        prompt_name: str | None = None,
-        truncation_direction: str = "right",
-        tokenized: Sequence[Tokenized] | None = None,
-    ) -> EmbedResult:
+    def embed(self, texts: Sequence[str], poolers: Sequence[str] | str | None = None,
+              options: EmbedOptions | None = None, *, tokenized: Sequence[Tokenized] | None = None,
+              on_batch: Callable[[int, int], None] | None = None,
+              on_pool: Callable[[str, float], None] | None = None, **fields) -> EmbedResult:
         """Embed ``texts`` with every pooler in ``poolers`` from one forward pass per plan.
 
         Args:
             texts: the inputs (a list of strings; an empty string is a valid input).
             poolers: pooler specs; ``None`` uses the default pooler.
-            role: ``query`` or ``document``; selects the model's prompt if it has one.
-            normalize: L2-normalize every output vector.
-            dimensions: keep the first ``dimensions`` components (Matryoshka), then normalize;
-                not applied to poolers with a size of their own (``fde``).
-            truncate: cut inputs at the model's window (standard plan); ``False`` raises on
-                an over-long input instead. The landmark plan windows and never truncates.
+            options: an :class:`EmbedOptions` (role, normalize, dimensions, truncate, prompt
+                name, truncation direction); its fields may also be given as keywords
+                (``fields``: ``role="query"``), alone or over ``options``.
+            tokenized: the texts as :meth:`measure` tokenized them (``Workload.tokenized``,
+                one per text, in order; a slice of it, or lists joined): the plans it holds are
+                not tokenized again (a plan it lacks is tokenized here). Rows made with other
+                tokenization options than this call's raise :class:`InvalidError`.
             on_batch: called with ``(texts_done, tokens)`` after each forward batch (a text
                 split over several batches is done at its last).
             on_pool: called with ``(spec, seconds)`` after each pooler has pooled (and
                 post-processed) a forward batch: the pooler's own time, apart from the forward
                 pass its plan shares with the other poolers of the call.
-            prompt_name: one of the model's prompts by name (instead of the ``role``'s).
-            truncation_direction: ``right`` (default) or ``left``: the end at which
-                ``truncate`` cuts an over-long input.
-            tokenized: the texts as :meth:`measure` tokenized them (``Workload.tokenized``,
-                one per text, in order): the plans it holds are not tokenized again. Rows made
-                with other options than this call's are ignored (tokenized again).
         """
         if isinstance(texts, str):
             raise InvalidTypeError("texts must be a list of strings, not a single string")
-        if role not in ROLES:
-            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        self.check_dimensions(dimensions)
+        options = EmbedOptions.of(options, **fields)
+        if options.role not in ROLES:
+            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")
+        self.check_dimensions(options.dimensions)
         built, by_plan = self._plans(poolers)
-
         texts = list(texts)
+        _check_tokenized(tokenized, len(texts), options.tokenize_key)
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
         tokens_before = self.encoder.stats.tokens
-        key = _tokenize_key(role, truncate, prompt_name, truncation_direction)
-        reuse = tokenized is not None and len(tokenized) == len(texts) and all(t.key == key for t in tokenized)
         for plan, specs in by_plan.items():
-            parts: dict[str, list] = {spec: [] for spec in specs}  # of a text split over batches
-            rows = [t.rows[plan] for t in tokenized] if reuse and all(plan in t.rows for t in tokenized) else None
-            # every hidden layer only when a pooler of this plan reads them, from the same pass
-            all_layers = any(built[spec].needs_layers for spec in specs)
-            for text_ids, states in self.encoder.encode(texts, plan, role=role, truncate=truncate,
-                                                        all_layers=all_layers, prompt_name=prompt_name,
-                                                        truncation_direction=truncation_direction, rows=rows):
-                for spec in specs:
-                    t0 = time.perf_counter()
-                    pooled = _pool_part(built[spec], states, role, parts[spec])
-                    dims = dimensions if built[spec].output_dim(self.dim) is None else None
-                    if pooled is not None:
-                        if isinstance(pooled, Tensor) and pooled.dim() == 2 and not built[spec].multi_vector:
-                            vecs = postprocess(pooled, normalize, dims).numpy()  # the batch at once
-                        else:
-                            vecs = [postprocess(p, normalize, dims).numpy() for p in pooled]
-                        for j, i in enumerate(text_ids):
-                            out[spec][i] = vecs[j].astype(np.float32, copy=False)
-                    if on_pool:
-                        on_pool(spec, time.perf_counter() - t0)
-                if on_batch:
-                    on_batch(0 if states.continued else len(text_ids), int(states.attention_mask.sum()))
+            rows = None
+            if tokenized is not None and all(plan in t.rows for t in tokenized):
+                rows = [t.rows[plan] for t in tokenized]
+            self._embed_plan(texts, plan, {spec: built[spec] for spec in specs}, options, rows, out,
+                             on_batch, on_pool)
         return EmbedResult(
             vectors=out,
             multi_vector={spec: bool(p.multi_vector) for spec, p in built.items()},
             tokens=self.encoder.stats.tokens - tokens_before,
             specs=list(built),
         )
+
+    def _embed_plan(self, texts: list[str], plan: Plan, poolers: dict[str, Pooler], options: EmbedOptions,
+                    rows: list | None, out: dict[str, list], on_batch: Callable[[int, int], None] | None,
+                    on_pool: Callable[[str, float], None] | None) -> None:
+        """One forward pass over ``texts`` under ``plan``, every pooler of the plan applied to
+        each forward batch, the post-processed vectors written into ``out[spec][i]``."""
+        parts: dict[str, list] = {spec: [] for spec in poolers}  # of a text split over batches
+        # every hidden layer only when a pooler of this plan reads them, from the same pass
+        all_layers = any(p.needs_layers for p in poolers.values())
+        for text_ids, states in self.encoder.encode(texts, plan, role=options.role, truncate=options.truncate,
+                                                    all_layers=all_layers, rows=rows,
+                                                    **options.tokenizer_options):
+            for spec, pooler in poolers.items():
+                t0 = time.perf_counter()
+                pooled = _pool_part(pooler, states, options.role, parts[spec])
+                if pooled is not None:
+                    dims = options.dimensions if pooler.output_dim(self.dim) is None else None
+                    if isinstance(pooled, Tensor) and pooled.dim() == 2 and not pooler.multi_vector:
+                        vecs = postprocess(pooled, options.normalize, dims).numpy()  # the batch at once
+                    else:
+                        vecs = [postprocess(p, options.normalize, dims).numpy() for p in pooled]
+                    for j, i in enumerate(text_ids):
+                        out[spec][i] = vecs[j].astype(np.float32, copy=False)
+                if on_pool:
+                    on_pool(spec, time.perf_counter() - t0)
+            if on_batch:
+                on_batch(0 if states.continued else len(text_ids), int(states.attention_mask.sum()))

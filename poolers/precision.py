@@ -28,12 +28,6 @@ PATHS: dict[str, tuple[str, str]] = {
                       "projections in float) on OpenVINO"),
     "openvino-int8-weights": ("openvino", "NNCF int8 weights, activations quantized per group of 32 at run time"),
 }
-# Measured by bench/encode.py but winning nowhere (ONNX Runtime's own quantizers: min cosine to
-# fp32 0.95 dynamic, 0.88 static QDQ on the test texts): loadable for the benchmark, not a setting.
-MEASURED_ONLY = {
-    "onnx-int8": ("onnxruntime", "ONNX Runtime quantize_dynamic: per-channel int8 weights, dynamic activations"),
-    "onnx-qdq": ("onnxruntime", "ONNX Runtime quantize_static: QDQ int8, calibrated"),
-}
 PRECISIONS = ("auto", *PATHS, "int8")
 ALIASES = {"int8": "openvino-int8"}  # the library int8 path replaced the hand-written graph
 
@@ -105,26 +99,19 @@ def library_available(library: str) -> bool:
     return find_spec(library) is not None
 
 
-# The decision, per ISA tier: candidates fastest first, each with the measurement behind it
-# (bench/encode.py; README "Encoding"). The first whose library is installed wins.
+# The decision, per ISA tier: candidates fastest first, each with the rule behind it (the
+# measurements that set these rules: bench/encode.py and bench/serve.py, docs/ on encoding).
+# The first whose library is installed wins.
 _DECISIONS: dict[str, list[tuple[str, str]]] = {
-    # measured on an Emerald Rapids AMX core: in-process (bench/encode.py, two runs) torch bf16
-    # weights 3.29x / 2.63x and 2.44x / 1.88x sentence-transformers fp32 on documents / sentences,
-    # OpenVINO bf16 2.08x / 2.06x and 2.60x / 2.07x: level within the runs' noise. Served
-    # (bench/serve.py and two interleaved rounds of single-text requests, issue 16) OpenVINO bf16
-    # is ahead: sentences at concurrency 8 ~300 vs ~170 req/s, documents at 32 ~50-60 vs ~40-45:
-    # its forward is one call that releases the GIL throughout, while a torch forward takes the
-    # GIL back after every op and waits on the event loop's Python work. Static int8 misses the bar.
-    "amx": [("openvino-bf16", "AMX bf16 tiles: OpenVINO bf16, level with torch bf16 weights in-process and "
-             "ahead of it in a server (its forward releases the GIL throughout; measured); static int8 "
-             "misses the bar"),
+    "amx": [("openvino-bf16", "AMX bf16 tiles: OpenVINO bf16 (as fast as torch bf16 weights in-process, faster "
+             "in a server: its forward releases the GIL throughout); static int8 misses the quality bar"),
             ("bf16-weights", "AMX bf16 tiles, no OpenVINO: torch with bf16 weights"),
             ("fp32", "AMX, torch only: fp32")],
-    "avx512_bf16": [("openvino-bf16", "AVX-512-BF16: OpenVINO bf16 (the AMX machine's choice: the same "
-                     "bf16 kernels without tiles; not measured without AMX)"),
+    "avx512_bf16": [("openvino-bf16", "AVX-512-BF16: OpenVINO bf16 (the AMX choice: the same bf16 kernels "
+                     "without tiles)"),
                     ("bf16-weights", "AVX-512-BF16, no OpenVINO: torch with bf16 weights")],
-    "avx512_vnni": [("fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar, int8 weights "
-                     "with dynamic activations and OpenVINO f32 are not faster than torch fp32 on AVX-512")],
+    "avx512_vnni": [("fp32", "AVX-512 VNNI without bf16: static int8 misses the quality bar, and int8 weights "
+                     "or OpenVINO f32 are not faster than torch fp32 on AVX-512")],
     "avx512": [("fp32", "AVX-512 without VNNI/BF16: torch fp32 (OpenVINO f32 is not faster on AVX-512)")],
     "avx_vnni": [("openvino-fp32", "AVX-VNNI (256-bit) without bf16: static int8 misses the quality bar; "
                   "OpenVINO's fused f32 kernels"),
@@ -141,9 +128,9 @@ def choose(features: CpuFeatures, available: Iterable[str] | None = None) -> tup
 
     Args:
         features: the CPU's flags and torch capability (inject them in tests).
-        available: libraries installed (``torch``, ``openvino``, ``onnxruntime``); default: all.
+        available: libraries installed (``torch``, ``openvino``); default: all.
     """
-    libs = set(available) if available is not None else {"torch", "openvino", "onnxruntime"}
+    libs = set(available) if available is not None else {"torch", "openvino"}
     libs.add("torch")
     for path, why in _DECISIONS[features.isa]:
         if PATHS[path][0] in libs:
@@ -157,7 +144,7 @@ def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, s
         raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "auto":
         feats = features or cpu_features()
-        libs = [lib for lib in ("openvino", "onnxruntime") if library_available(lib)]
+        libs = [lib for lib in ("openvino",) if library_available(lib)]
         return choose(feats, libs)
     if precision in ALIASES:
         return ALIASES[precision], f"{precision} is {ALIASES[precision]}"
@@ -170,15 +157,12 @@ def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration
     model itself."""
     from embedpool.poolers import runtimes
 
-    if path not in PATHS and path not in MEASURED_ONLY:
+    if path not in PATHS:
         raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}")
     if path in ("fp32", "bf16"):
         return model
     if path == "bf16-weights":
         return runtimes.bf16_weights(model)
     isa = cpu_features().isa
-    library, mode = path.split("-", 1)
-    if library == "openvino":
-        return runtimes.load_openvino(model, tokenizer, mode, isa, calibration, max_length, cache_dir=cache_dir)
-    return runtimes.load_onnx(model, tokenizer, "qint8" if mode == "int8" else mode, isa, calibration,
-                              max_length, cache_dir=cache_dir)
+    mode = path.removeprefix("openvino-")
+    return runtimes.load_openvino(model, tokenizer, mode, isa, calibration, max_length, cache_dir=cache_dir)

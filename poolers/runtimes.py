@@ -1,5 +1,6 @@
-"""Encoder forward paths from libraries: torch (fp32, bf16 autocast, bf16 weights), OpenVINO
-(fp32, bf16, NNCF post-training int8) and ONNX Runtime (its own dynamic int8 and static QDQ int8).
+"""Encoder forward paths from libraries: torch (fp32, bf16 autocast, bf16 weights) and OpenVINO
+(fp32, bf16, NNCF post-training int8). (ONNX Runtime's own quantizers, which the encoding
+benchmark compares against, live in ``bench/onnx_paths.py``: no setting reaches them.)
 
 Every path is a callable with the transformers forward's keywords (``input_ids``,
 ``attention_mask``, ``token_type_ids``, ``output_hidden_states``; torch ``[B, T]`` tensors) that
@@ -16,8 +17,8 @@ of the user's corpus) or on the built-in :data:`CALIBRATION_TEXTS`.
 
 Why these and not one hand-written graph: OpenVINO's CPU plugin runs int8 GEMMs on AMX/VNNI and
 bf16 on AMX/AVX-512-BF16 with fused attention, and NNCF quantizes with SmoothQuant and
-transformer-aware ignored patterns; ONNX Runtime's quantizer is the reference for plain int8.
-``bench/encode.py`` measures each against fp32 and sentence-transformers.
+transformer-aware ignored patterns. ``bench/encode.py`` measures each against fp32 and
+sentence-transformers.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def artifact_dir(model, path: str, library_version: str, isa: str, extra: str = 
     return base / "runtimes" / f"{path}-{key}"
 
 
-def _build_once(folder: Path, filename: str, build: Callable[[Path], None]) -> Path:
+def build_once(folder: Path, filename: str, build: Callable[[Path], None]) -> Path:
     """``folder/filename`` built by ``build(tmp_folder)`` unless cached; atomic (concurrent
     builders each write a whole folder, the first rename wins)."""
     target = folder / filename
@@ -147,7 +148,7 @@ def calibration_hash(texts: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------------- torch
-def _has_token_types(tokenizer) -> bool:
+def has_token_types(tokenizer) -> bool:
     return "token_type_ids" in tokenizer.model_input_names
 
 
@@ -177,7 +178,7 @@ def bf16_weights(model) -> TorchForward:
 
 
 # ---------------------------------------------------------------------------- export helpers
-class _LastHidden(torch.nn.Module):
+class LastHidden(torch.nn.Module):
     def __init__(self, model, token_types: bool) -> None:
         super().__init__()
         self.model = model
@@ -188,7 +189,7 @@ class _LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
 
 
-class _AllHidden(_LastHidden):
+class _AllHidden(LastHidden):
     """The graph OpenVINO converts: ``last_hidden_state`` first (output 0, what the last-layer
     view keeps), then the embeddings and every layer but the last."""
 
@@ -198,14 +199,14 @@ class _AllHidden(_LastHidden):
         return (out.last_hidden_state, *out.hidden_states[:-1])
 
 
-def _example(tokenizer, token_types: bool) -> dict[str, torch.Tensor]:
+def example_inputs(tokenizer, token_types: bool) -> dict[str, torch.Tensor]:
     enc = tokenizer(["an example input", "a second, somewhat longer example input"], padding=True,
                     return_tensors="pt")
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
     return {n: enc[n] for n in names}
 
 
-def _calibration_batches(tokenizer, texts: Sequence[str], token_types: bool, max_length: int,
+def calibration_batches(tokenizer, texts: Sequence[str], token_types: bool, max_length: int,
                          batch: int = 1) -> list[dict[str, np.ndarray]]:
     """One feed per text (unpadded, like the fast path sees sorted batches)."""
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
@@ -221,8 +222,7 @@ def _calibration_batches(tokenizer, texts: Sequence[str], token_types: bool, max
 # ---------------------------------------------------------------------------- OpenVINO
 OPENVINO_MODES = ("fp32", "bf16", "int8", "int8-weights")
 # int8: NNCF static quantization, except the FFN down projections (GELU outputs, long-tailed):
-# quantized, they cost most of the accuracy (SciFact/STS-B texts: min cosine 0.976 with them,
-# 0.990 without), so they stay in float. int8-weights: int8 weights only; the CPU plugin
+# quantized, they cost most of the accuracy (bench/encode.py), so they stay in float. int8-weights: int8 weights only; the CPU plugin
 # quantizes activations per group of 32 at run time (dynamic, no calibration).
 
 
@@ -235,18 +235,18 @@ def openvino_version() -> str:
 def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
     import openvino as ov
 
-    tt = _has_token_types(tokenizer)
+    tt = has_token_types(tokenizer)
     wrapped = _AllHidden(model, tt).eval()
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
     with torch.inference_mode():
-        ov_model = ov.convert_model(wrapped, example_input=_example(tokenizer, tt),
+        ov_model = ov.convert_model(wrapped, example_input=example_inputs(tokenizer, tt),
                                     input=[(n, ov.PartialShape([-1, -1]), ov.Type.i64) for n in names])
     for inp, n in zip(ov_model.inputs, names):
         inp.get_tensor().set_names({n})
     if mode == "int8":
         import nncf
 
-        feeds = _calibration_batches(tokenizer, calibration, tt, max_length)
+        feeds = calibration_batches(tokenizer, calibration, tt, max_length)
         ffn_out = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() == "MatMul"
                    and ".output.dense" in op.get_friendly_name() and "attention" not in op.get_friendly_name()]
         ov_model = nncf.quantize(ov_model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
@@ -305,7 +305,7 @@ class OpenVINOForward:
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
+        feed = {n: as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
         compiled, request = self._all_layers() if output_hidden_states else (self.compiled, self.request)
         out = request.infer(feed, share_inputs=True)
         if not output_hidden_states:
@@ -335,105 +335,11 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
         graph = f"openvino-{mode}"
         extra += f"|nncf{nncf.__version__}" + (f"|{calibration_hash(texts)}" if mode == "int8" else "")
     folder = artifact_dir(model, graph, openvino_version(), isa, extra, cache_dir)
-    xml = _build_once(folder, "model.xml", lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length))
+    xml = build_once(folder, "model.xml", lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length))
     return OpenVINOForward(xml, mode, threads)
 
 
-# ---------------------------------------------------------------------------- ONNX Runtime
-ONNX_MODES = ("fp32", "qint8", "qdq")
-
-
-def _export_onnx(model, tokenizer, path: Path) -> None:
-    tt = _has_token_types(tokenizer)
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
-    ex = _example(tokenizer, tt)
-    axes = {n: {0: "batch", 1: "seq"} for n in names}
-    axes["last_hidden_state"] = {0: "batch", 1: "seq"}
-    with torch.inference_mode():
-        torch.onnx.export(_LastHidden(model, tt).eval(), tuple(ex[n] for n in names), str(path),
-                          input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
-                          opset_version=17, dynamo=False)
-
-
-class _Reader:
-    """``onnxruntime.quantization.CalibrationDataReader`` over prepared feeds."""
-
-    def __init__(self, feeds):
-        self._it = iter(feeds)
-
-    def get_next(self):
-        return next(self._it, None)
-
-    def rewind(self):  # pragma: no cover - not used by MinMax
-        pass
-
-
-def _onnx_build(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
-    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_dynamic, quantize_static
-
-    raw = folder / "fp32.onnx"
-    _export_onnx(model, tokenizer, raw)
-    if mode == "fp32":
-        os.replace(raw, folder / "model.onnx")
-        return
-    pre = folder / "pre.onnx"
-    quant_pre_process(str(raw), str(pre), skip_symbolic_shape=True)
-    if mode == "qint8":
-        quantize_dynamic(str(pre), str(folder / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True)
-    else:
-        tt = _has_token_types(tokenizer)
-        feeds = _calibration_batches(tokenizer, calibration, tt, max_length)
-        quantize_static(str(pre), str(folder / "model.onnx"), _Reader(feeds), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-                        op_types_to_quantize=["MatMul"],
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
-    for p in (raw, pre):
-        p.unlink(missing_ok=True)
-    for p in folder.glob("*.data"):
-        p.unlink()
-
-
-class OnnxForward:
-    """An ONNX Runtime CPU session (threads sleep between runs: see the batcher's notes)."""
-
-    def __init__(self, path: Path, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = int(threads or torch.get_num_threads())
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.path = path
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        self.names = [i.name for i in self.session.get_inputs()]
-
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
-        if output_hidden_states:
-            raise InvalidError("the ONNX Runtime paths (measured only) give the last layer alone; a pooler over "
-                               "all hidden layers runs on the torch and OpenVINO paths")
-        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feed = {n: _as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
-        return Output(torch.from_numpy(self.session.run(None, feed)[0]))
-
-
-def load_onnx(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
-              max_length: int = 256, threads: int | None = None,
-              cache_dir: str | Path | None = None) -> OnnxForward:
-    """ONNX Runtime path: ``fp32`` (exported graph), ``qint8`` (``quantize_dynamic``, per-channel
-    int8 weights) or ``qdq`` (``quantize_static``, QDQ, calibrated)."""
-    import onnxruntime as ort
-
-    if mode not in ONNX_MODES:
-        raise InvalidError(f"ONNX Runtime mode must be one of {', '.join(ONNX_MODES)}, got {mode!r}")
-    texts = list(calibration or CALIBRATION_TEXTS)
-    extra = calibration_hash(texts) if mode == "qdq" else ""
-    folder = artifact_dir(model, f"onnx-{mode}", ort.__version__, isa, extra, cache_dir)
-    path = _build_once(folder, "model.onnx", lambda tmp: _onnx_build(model, tokenizer, tmp, mode, texts, max_length))
-    return OnnxForward(path, threads)
-
-
-def _as_int64(x) -> np.ndarray:
+def as_int64(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.cpu().numpy()
     return np.ascontiguousarray(x, dtype=np.int64)

@@ -22,18 +22,6 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def bench_scale():
-    """``bench/scale.py`` as a module: its case runner (a subprocess with an RSS watchdog) and
-    its exact peak-RSS measurement serve the memory tests too."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
 def encoder():
     from embedpool.poolers import FrozenEncoder
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from embedpool.errors import Kind, MissingExtraError, TABLE, require
+from embedpool.errors import Kind, MissingExtraError, TABLE, import_extra
 
 
 def _cli_without(module: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -36,8 +36,8 @@ def test_a_command_without_its_extra_names_the_install(tmp_path, module, extra, 
 
 
 def test_require_imports_or_names_the_extra(monkeypatch):
-    assert require("json", "none", "x").dumps([1]) == "[1]"
+    assert import_extra("json", "none", "x").dumps([1]) == "[1]"
     monkeypatch.setitem(sys.modules, "ranx", None)
     with pytest.raises(MissingExtraError, match=r"Scoring needs ranx.*pip install 'embedpool\[eval\]'") as e:
-        require("ranx", "eval", "Scoring")
+        import_extra("ranx", "eval", "Scoring")
     assert e.value.kind is Kind.UNAVAILABLE

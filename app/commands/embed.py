@@ -7,8 +7,8 @@ import json
 import sys
 
 from embedpool.app.commands.common import command
+from embedpool.app.datasets import read_texts
 from embedpool.app.settings import from_args, load_embedder
-from embedpool.errors import InvalidError
 
 
 def register(sub) -> None:
@@ -24,31 +24,13 @@ def register(sub) -> None:
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
 
 
-def read_lines(stream) -> list[str]:
-    texts = []
-    for n, line in enumerate(stream, 1):
-        line = line.rstrip("\n")
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                if not isinstance(obj.get("text"), str):
-                    raise InvalidError(f"line {n}: a JSON line needs a string 'text' field")
-                texts.append(obj["text"])
-                continue
-        texts.append(line)
-    return texts
-
-
 def run(args: argparse.Namespace) -> int:
     texts = list(args.texts)
     if args.input == "-":
-        texts += read_lines(sys.stdin)
+        texts += read_texts(sys.stdin, "stdin")
     elif args.input:
         with open(args.input, encoding="utf-8") as f:
-            texts += read_lines(f)
+            texts += read_texts(f, args.input)
     settings = from_args(args)
     embedder = load_embedder(settings)
     spec = args.pooler or settings.pooler

@@ -8,6 +8,7 @@ import sys
 from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import add_candidate_args, add_data_sources, add_job_args, command, job_options
 from embedpool.app.settings import from_args, load_embedder
+from embedpool.index import SEARCH_MODES
 
 
 def register(sub) -> None:
@@ -24,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--pooler", action="append", dest="poolers", required=True, metavar="SPEC",
                    help="pooler spec, repeatable")
     p.add_argument("--mode", action="append", dest="modes", metavar="MODE",
-                   help="multi-vector search mode(s): exhaustive, two_stage, tokens; repeatable or "
+                   help=f"multi-vector search mode(s): {', '.join(SEARCH_MODES)}; repeatable or "
                         "comma-separated (default exhaustive)")
     p.add_argument("--baseline", metavar="SPEC", help="pooler the p-values compare against (default mean, "
                                                       "else the first); 'SPEC [mode]' picks a mode")

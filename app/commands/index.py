@@ -9,7 +9,7 @@ import sys
 
 from embedpool.app.commands.common import add_job_args, command, job_options
 from embedpool.app.settings import from_args, load_embedder
-from embedpool.errors import require
+from embedpool.errors import import_extra
 
 
 def register(sub) -> None:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("--ray-address, --workers and --worker-threads apply to --engine ray only")
     if args.engine == "ray":  # before the model loads
-        require("ray", "ray", "--engine ray")
+        import_extra("ray", "ray", "--engine ray")
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)

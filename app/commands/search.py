@@ -11,6 +11,7 @@ import sys
 from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import add_candidate_args, command
 from embedpool.app.settings import from_args, load_embedder
+from embedpool.index import SEARCH_MODES
 
 
 def register(sub) -> None:
@@ -22,7 +23,7 @@ def register(sub) -> None:
     p.add_argument("--collection", required=True, metavar="NAME")
     p.add_argument("--query", action="append", required=True, metavar="TEXT", help="query text, repeatable")
     p.add_argument("-k", type=int, default=10, help="hits per query (default 10)")
-    p.add_argument("--mode", choices=["exhaustive", "tokens", "two_stage"], default="exhaustive",
+    p.add_argument("--mode", choices=SEARCH_MODES, default="exhaustive",
                    help="multi-vector candidate generation (default exhaustive)")
     add_candidate_args(p)
     p.add_argument("--no-text", action="store_true", help="leave document texts out of the output")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from embedpool.errors import InvalidError, require
+from embedpool.errors import InvalidError, import_extra
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100")
 STAT_TESTS = ("student", "fisher")
@@ -33,7 +33,7 @@ def score_runs(qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[
         os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        require("ranx", "eval", "Scoring runs")
+        import_extra("ranx", "eval", "Scoring runs")
         from ranx import Qrels, Run, compare, evaluate
 
         rq = Qrels.from_dict(qrels)

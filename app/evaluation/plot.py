@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embedpool.errors import require
+from embedpool.errors import import_extra
 
 
 def plot_report(report: dict, path: str | Path) -> None:
-    matplotlib = require("matplotlib", "eval", "--plot")
+    matplotlib = import_extra("matplotlib", "eval", "--plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -24,8 +24,9 @@ from embedpool.app.datasets import BeirData
 from embedpool.app.encoding import embed_by_plan
 from embedpool.app.evaluation.metrics import METRICS, score_runs
 from embedpool.app.indexing import IndexJob
-from embedpool.app.retrieval import MODES, Embedding, Search, embedding_calls
+from embedpool.app.retrieval import Embedding, Search, embedding_calls
 from embedpool.errors import InvalidError
+from embedpool.index import SEARCH_MODES
 
 DEPTH = 100
 
@@ -35,7 +36,7 @@ class Variant:
     label: str
     spec: str  # as given
     canonical: str
-    mode: str  # exhaustive | two_stage | tokens (single-vector: "flat")
+    mode: str  # one of index.SEARCH_MODES (single-vector: "flat")
     multi: bool
 
 
@@ -122,8 +123,8 @@ class QueryVectors:
 def _check(poolers: list[str], modes) -> list[str]:
     modes = list(dict.fromkeys(modes))
     for m in modes:
-        if m not in MODES:
-            raise InvalidError(f"unknown mode {m!r}; use exhaustive, two_stage or tokens")
+        if m not in SEARCH_MODES:
+            raise InvalidError(f"unknown mode {m!r}; use one of {', '.join(SEARCH_MODES)}")
     if not poolers:
         raise InvalidError("give at least one --pooler")
     return modes

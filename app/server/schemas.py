@@ -17,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from embedpool.index import SEARCH_MODES
+
 
 def _unicode(value: str) -> str:
     """Refuse a string that is not valid Unicode: JSON's ``\\ud800`` escape (a lone surrogate)
@@ -495,7 +497,7 @@ class SearchRequest(Strict):
     query: Text | None = Field(None, description="one query (answer: `hits`)")
     queries: list[Text] | None = Field(None, min_length=1, description="several queries (answer: `results`)")
     k: StrictInt = Field(10, ge=1, le=1000)
-    mode: Literal["exhaustive", "tokens", "two_stage"] = Field(
+    mode: Literal[SEARCH_MODES] = Field(
         "exhaustive", description="multi-vector collections: exact MaxSim, token-ANN candidates, or "
                                   "candidates from the companion collection")
     candidates: StrictInt = Field(100, ge=1, le=10000, description="two_stage: candidates from the companion")

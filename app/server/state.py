@@ -10,19 +10,23 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from embedpool import index
-from embedpool.app.batcher import Batcher, EmbedOutput
+from embedpool.app.batcher import Batcher, EmbedOutput, Job
 from embedpool.app.server.cache import VectorCache
 from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
 from embedpool.app.server.limits import check_workload
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
 from embedpool.errors import InvalidError, NotFoundError
+from embedpool.index import CollectionBase
+
+if TYPE_CHECKING:
+    from embedpool.poolers import Embedder
 
 log = logging.getLogger("embedpool.server")
 
@@ -37,7 +41,7 @@ INLINE_CHECK_CHARS = 4096
 class Engine:
     """The embedder, loaded in a background thread, and the batcher in front of it."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, embedder: Any = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.embedder = embedder
@@ -90,13 +94,13 @@ class Engine:
         from embedpool.poolers.precision import cpu_features
 
         encoder = self.embedder.encoder
-        self.metrics.on_loaded(getattr(encoder, "precision", s.precision), s.precision, cpu_features().isa)
+        self.metrics.on_loaded(encoder.precision, s.precision, cpu_features().isa)
 
     def stop(self) -> None:
         if self.batcher is not None:
             self.batcher.stop()
 
-    def require(self) -> Any:
+    def require(self) -> Embedder:
         """The embedder, or 503 while it loads."""
         if self.batcher is None:
             if self.error:
@@ -190,7 +194,7 @@ class Engine:
         works = check() if small else await run_in_threadpool(check)
         # the worker encodes the tokenization the check made (it does not tokenize again)
         jobs = self.batcher.submit_many([
-            (texts, specs, {**options, "est_tokens": w.tokens, "counts": w.counts, "tokenized": w.tokenized})
+            (texts, specs, {**options, "cost_tokens": w.tokens, "usage_tokens": w.counts, "tokenized": w.tokenized})
             for (texts, specs, options), w in zip(parts, works)])
         results = [asyncio.wrap_future(job.future) for job in jobs]
         gathered = asyncio.ensure_future(asyncio.gather(*results))
@@ -213,7 +217,7 @@ class Engine:
         gathered.cancel()
         raise ClientClosed("the client closed the connection; its work was dropped")
 
-    def _cancel(self, jobs: list[Any]) -> None:
+    def _cancel(self, jobs: list[Job]) -> None:
         assert self.batcher is not None
         for job in jobs:
             self.batcher.cancel(job)
@@ -264,10 +268,10 @@ class Collections:
     def __init__(self, settings: Settings) -> None:
         self.data_dir = Path(settings.data_dir)
         self._where = settings.store()
-        self._open: dict[str, Any] = {}
+        self._open: dict[str, CollectionBase] = {}
         self._lock = threading.RLock()
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str) -> CollectionBase:
         with self._lock:
             coll = self._open.get(name)
         if coll is not None:  # refreshed outside the lock: requests for others do not wait
@@ -287,7 +291,7 @@ class Collections:
                 coll = self._open[name] = index.open_collection(self.data_dir, name, **self._where)
             return coll
 
-    def create(self, name: str, spec: index.CollectionSpec) -> tuple[Any, bool]:
+    def create(self, name: str, spec: index.CollectionSpec) -> tuple[CollectionBase, bool]:
         """(collection, created): an existing one with the same spec is returned as is."""
         with self._lock:
             existed = name in self.names()
@@ -299,12 +303,23 @@ class Collections:
             self._open[name] = coll
             return coll, not existed
 
-    def write(self, coll: Any, method: str, *args: Any, **kwargs: Any) -> None:
-        """``coll.<method>(...)`` then commit; if another process committed meanwhile, refresh and
-        retry once."""
+    def add(self, coll: CollectionBase, ids: list[str], vectors: Any, texts: list[str] | None = None,
+            metadata: list[dict | None] | None = None, *, model: str | None = None, pooler: str | None = None,
+            companion: Any = None) -> None:
+        """:meth:`index.CollectionBase.add` (an upsert), committed."""
+        self._committed(coll, lambda: coll.add(ids, vectors, texts, metadata, model=model, pooler=pooler,
+                                               companion=companion))
+
+    def delete_documents(self, coll: CollectionBase, ids: list[str]) -> None:
+        """``coll.delete(ids)``, committed."""
+        self._committed(coll, lambda: coll.delete(ids))
+
+    @staticmethod
+    def _committed(coll: CollectionBase, write: Callable[[], None]) -> None:
+        """``write()`` then commit; if another process committed meanwhile, refresh and retry once."""
         for attempt in (0, 1):
             try:
-                getattr(coll, method)(*args, **kwargs)
+                write()
                 coll.commit()
                 break
             except index.CollectionLockedError:

@@ -50,11 +50,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from embedpool.errors import require
+from embedpool.errors import import_extra
 
 # pymilvus and pybase64 come with the `milvus` extra: say so before the imports below fail
-require("pymilvus", "milvus", "The Milvus backend")
-require("pybase64", "milvus", "The Milvus backend")
+import_extra("pymilvus", "milvus", "The Milvus backend")
+import_extra("pybase64", "milvus", "The Milvus backend")
 
 from ..backends import Backend, Where
 from ..errors import CollectionNotFoundError, NotACollectionError

@@ -15,7 +15,7 @@ import numpy as np
 
 from embedpool.app.indexing import JOB_PROPERTY
 from embedpool.errors import EmbedpoolError
-from embedpool.index import Collection, open_collection
+from embedpool.index import FaissCollection, open_collection
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def job_state(folder: Path) -> dict | None:
     """The job state committed in the FAISS collection at ``folder`` (None while there is none)."""
     try:
-        with Collection.open(folder.parent, folder.name) as coll:
+        with FaissCollection.open(folder.parent, folder.name) as coll:
             raw = coll.get_property(JOB_PROPERTY)
         return json.loads(raw) if raw else None
     except (OSError, EmbedpoolError):  # not created yet, or not a collection
@@ -58,7 +58,7 @@ def assert_same_collections(a: Path, b: Path, names: list[str], n: int, atol: fl
     """The FAISS collections ``names`` under ``a`` and those under ``b`` (any backend: ``where``)
     hold the same ``n`` documents (in the same order, if ``ordered``), vectors within ``atol``."""
     for name in names:
-        with Collection.open(a, name) as ca, open_collection(b, name, **where) as cb:
+        with FaissCollection.open(a, name) as ca, open_collection(b, name, **where) as cb:
             ids = ca.ids()
             assert (cb.ids() if ordered else sorted(cb.ids())) == (ids if ordered else sorted(ids)), name
             assert len(ca) == len(cb) == n, name  # no duplicates, nothing missing

@@ -33,6 +33,13 @@ def test_bad_input_and_usage_errors_exit_2(monkeypatch, capsys, embedder, tmp_pa
     assert cli.main(["embed", "--input", str(lines)]) == 2
     err = capsys.readouterr().err
     assert "input 1 is not valid Unicode" in err and "Traceback" not in err
+    lines.write_text('plain text\n{"text": "fine"}\n{"text": "unterminated\n')  # a malformed JSON line
+    assert cli.main(["embed", "--input", str(lines)]) == 2  # an error, not the text '{"text": ...'
+    err = capsys.readouterr().err
+    assert f"{lines}, line 3: invalid JSON" in err and "Traceback" not in err
+    lines.write_text('{"title": "no text"}\n')
+    assert cli.main(["embed", "--input", str(lines)]) == 2
+    assert f"{lines}, line 1: a JSON line needs a string 'text' field" in capsys.readouterr().err
     assert cli.main(["embed", "--input", str(tmp_path / "missing.txt")]) == 2  # a file that is not there
     assert "missing.txt" in capsys.readouterr().err
     assert cli.main(["embed", "x", "--pooler", "median"]) == 2

@@ -121,7 +121,7 @@ def test_eval_on_a_scifact_slice(embedder, scifact, tmp_path, monkeypatch, capsy
     # (plus the first 4 queries once more, one at a time, for the latency figure)
     sl = datasets.slice_beir(scifact, 40, seed=3)
     queries = [scifact.queries[q] for q in sl.qrels]
-    count = lambda texts: sum(embedder.encoder.count_tokens(texts))  # noqa: E731
+    count = lambda texts: sum(embedder.measure(texts, ["mean"]).counts)  # noqa: E731 - standard-plan tokens
     expected = count([r.text for r in sl.corpus]) + count(queries) + count(queries[:4])
     assert embedder.encoder.stats.tokens - tokens_before == expected
     assert "| `mean` |" in md.read_text()

@@ -11,7 +11,7 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
-from embedpool.index import Collection
+from embedpool.index import FaissCollection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
 POOLERS = ["mean", "cluster:pool_factor=2", "landmark"]
@@ -63,7 +63,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     # really interrupted mid-run (collections commit one after the other: they may differ by a batch)
     assert min(states.values()) >= 8 and max(states.values()) < n, states
     for name, c in states.items():  # every collection reopens at its last commit
-        with Collection.open(killed, name) as coll:
+        with FaissCollection.open(killed, name) as coll:
             assert len(coll) >= c
 
     # the same command again continues it
@@ -74,7 +74,7 @@ def test_sigkill_mid_run_then_rerun_equals_uninterrupted(embedder, data_dir, tmp
     _reference(embedder, corpus, ref)
     assert_same_collections(ref, killed, sorted(states), n, atol=2e-5)
     # the multi-vector collection keeps mean companion rows for two_stage, written with its documents
-    with Collection.open(killed, "sf-cluster-pool_factor-2") as c:
+    with FaissCollection.open(killed, "sf-cluster-pool_factor-2") as c:
         assert (c.spec.companion_pooler, c.spec.companion_rows, c.spec.kind) == ("mean", "document", "multi")
         assert c.stats()["companion_rows"] == n
 
@@ -114,43 +114,6 @@ def test_ctrl_c_commits_and_resumes(embedder, data_dir, tmp_path):
     assert_same_collections(ref, out, ["sf-mean", "sf-tokens"], n, atol=2e-5)
 
 
-def test_a_collection_with_the_old_job_file_resumes(embedder, data_dir, tmp_path):
-    """Collections indexed before the job state became a collection property kept it in
-    ``<collection>/indexjob.json``: a rerun resumes from that file, and its next commit moves the
-    state into the collection (the file goes)."""
-    import sqlite3
-
-    n = 16
-    corpus = tmp_path / "corpus.jsonl"
-    _corpus(corpus, data_dir, n, chars=120)
-    src = CorpusSource(str(corpus))
-    out = tmp_path / "old"
-
-    def first_half():
-        for i, r in enumerate(src.records()):
-            if i == 8:
-                raise KeyboardInterrupt
-            yield r
-
-    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), batch_docs=4, progress=False) as job:
-        with pytest.raises(KeyboardInterrupt):
-            job.run(first_half())
-    # turn it into the old layout: the state in indexjob.json, nothing in the document store
-    state = job_state(out / "c")
-    assert state["committed_records"] == 8
-    (out / "c" / "indexjob.json").write_text(json.dumps(state, indent=2) + "\n")
-    with sqlite3.connect(out / "c" / "docs.sqlite") as db:
-        db.execute("DELETE FROM meta WHERE key = ?", ("property:" + JOB_PROPERTY,))
-    assert job_state(out / "c") == state  # read through the old file
-
-    with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), batch_docs=4, progress=False) as job:
-        assert job.start == 8
-        s = job.run(src.records())
-    assert s["indexed_this_run"] == 8 and s["collections"][0]["documents"] == n
-    assert not (out / "c" / "indexjob.json").exists()
-    assert job_state(out / "c")["committed_records"] == n
-
-
 def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     _corpus(corpus, data_dir, 8, chars=120)
@@ -174,7 +137,7 @@ def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp
         with pytest.raises(IndexJobError, match="the corpus changed"):
             job.run(src.records())
     # a collection that the job did not write is not adopted
-    with Collection.open_or_create(tmp_path / "d", "foreign", Collection.open(out, "c").spec) as c:
+    with FaissCollection.open_or_create(tmp_path / "d", "foreign", FaissCollection.open(out, "c").spec) as c:
         c.add(["z"], np.eye(1, embedder.dim, dtype=np.float32))
         c.commit()
     with pytest.raises(IndexJobError, match="not written by `embedpool index`"):
@@ -187,7 +150,7 @@ def test_one_forward_pass_per_plan_for_all_poolers(embedder, data_dir, tmp_path)
     src = CorpusSource(str(corpus))
     enc = embedder.encoder
     texts = [r.text for r in recs]
-    standard = sum(enc.count_tokens(texts))
+    standard = sum(embedder.measure(texts, ["mean"]).counts)
     landmark = sum(len(r.ids) for r in enc.tokenize(texts, embedder.pooler("landmark").plan))
     before = enc.stats.tokens
     with IndexJob(embedder, tmp_path / "d", "c", ["mean", "cls", "max", "tokens", "cluster:pool_factor=3",

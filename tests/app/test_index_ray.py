@@ -13,7 +13,7 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource, DatasetError
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError
-from embedpool.index import Collection, open_collection
+from embedpool.index import FaissCollection, open_collection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
 import ray  # a dependency (--engine ray): if it is missing these tests must fail, not vanish
@@ -88,7 +88,7 @@ def test_ray_two_workers_equal_the_in_process_job(ray_address, embedder, referen
     summary = _ray_run(embedder, tmp_path / "ray", src, workers=2)
     assert summary["records"] == summary["indexed_this_run"] == N_DOCS
     assert_same_collections(ref, tmp_path / "ray", NAMES, N_DOCS, atol=1e-6)
-    with Collection.open(tmp_path / "ray", "sf-cluster-pool_factor-2") as c:
+    with FaissCollection.open(tmp_path / "ray", "sf-cluster-pool_factor-2") as c:
         # the multi-vector collection keeps its own mean rows (no sibling collection named as companion)
         assert c.spec.kind == "multi" and c.spec.companion is None
         assert (c.spec.companion_pooler, c.spec.companion_rows) == ("mean", "document")
@@ -111,7 +111,7 @@ def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embe
     states = {name: job_state(out / name)["committed_records"] for name in NAMES}
     assert min(states.values()) >= 2 * COMMIT and max(states.values()) < N_DOCS, states
     for name, c in states.items():  # every collection reopens at its last commit
-        with Collection.open(out, name) as coll:
+        with FaissCollection.open(out, name) as coll:
             assert len(coll) == c
     _cpus_free()  # the dead driver's workers are gone
 
@@ -138,7 +138,7 @@ def test_a_bad_record_fails_the_job_by_name_and_nothing_after_the_last_commit_is
         for name in NAMES:
             c = job_state(out / name)["committed_records"]
             assert c % COMMIT == 0 and c <= 32, c
-            with Collection.open(out, name) as coll:
+            with FaissCollection.open(out, name) as coll:
                 assert coll.ids() == ids[:c] and coll.stats()["tombstones"] == 0
                 assert all(coll.get(i)["text"] for i in coll.ids())
         return c

@@ -13,7 +13,7 @@ from embedpool.app import indexing
 from embedpool.app.datasets import CorpusSource
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Search, retrieve
-from embedpool.index import Collection, DocumentNotFoundError
+from embedpool.index import FaissCollection, DocumentNotFoundError
 from embedpool.poolers.encoder import WINDOWED
 from job_testutil import assert_same_collections, long_corpus
 
@@ -54,10 +54,10 @@ def test_small_budgets_cut_the_work_but_store_the_same_vectors(embedder, data_di
     _run(embedder, corpus, tmp_path / "small", batch_tokens=budget, commit_bytes=300_000)
     # every document is over the budget: a call of its own (its windows still forwarded a budget at a time)
     assert [n for n, _ in calls] == [1, 1, 1] and all(t > budget for _, t in calls)
-    with Collection.open(tmp_path / "small", NAMES[1]) as coll:
+    with FaissCollection.open(tmp_path / "small", NAMES[1]) as coll:
         assert coll.stats()["segments"] == 3  # 3 x ~3,000 int8 token rows of 388 bytes: a commit each
     assert_same_collections(tmp_path / "default", tmp_path / "small", NAMES, 3, atol=2e-5)
-    with Collection.open(tmp_path / "small", NAMES[1]) as coll:
+    with FaissCollection.open(tmp_path / "small", NAMES[1]) as coll:
         assert coll.spec.companion_rows == "window" and coll.spec.companion_pooler.startswith("fde:")
         assert coll.stats()["companion_rows"] == sum(_windows(embedder, texts))
         first = embedder.encoder.windows([texts[0]], WINDOWED, role="document")[0]
@@ -76,7 +76,7 @@ def test_per_window_companion_ranks_like_exhaustive_and_deletes_with_the_documen
     assert max(windows) > 1  # long documents: several rows each
     # the needle of each of the first documents: a query that lives inside one window
     queries = [r.text.split(". ")[0] for r in recs[:3]]
-    with Collection.open(out, "w") as coll:
+    with FaissCollection.open(out, "w") as coll:
         assert coll.stats()["companion_rows"] == sum(windows)
         for i, r in enumerate(recs):  # one row per window, each the mean of that window
             rows = coll.get(r.id)["companion"]
@@ -91,7 +91,7 @@ def test_per_window_companion_ranks_like_exhaustive_and_deletes_with_the_documen
         gone = one[0].id
         coll.delete([gone])
         coll.commit()
-    with Collection.open(out, "w") as coll:  # reopened: the rows went with the document
+    with FaissCollection.open(out, "w") as coll:  # reopened: the rows went with the document
         left = sum(w for r, w in zip(recs, windows) if r.id != gone)
         assert coll.stats()["companion_rows"] == left
         with pytest.raises(DocumentNotFoundError):

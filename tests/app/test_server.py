@@ -319,12 +319,12 @@ def test_health_stays_fast_under_load(server):
 
 def test_sees_commits_of_another_process(server, client):
     """`embedpool index` (another process) writing while the server runs: the server sees it."""
-    from embedpool.index import Collection
+    from embedpool.index import FaissCollection
 
     assert client.post("/collections", json={"name": "shared"}).status_code == 201
     assert client.post("/collections/shared/documents", json=DOCS[:2]).status_code == 200
     assert client.get("/collections/shared").json()["documents"] == 2
-    other = Collection.open(server.data_dir, "shared")
+    other = FaissCollection.open(server.data_dir, "shared")
     v = np.zeros((1, 384), dtype=np.float32)
     v[0, 0] = 1
     other.add(["external"], v, ["written by another process"])

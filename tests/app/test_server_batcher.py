@@ -23,8 +23,13 @@ class FakeWorkload:
         self.counts, self.tokenized = counts, tokenized
 
 
+class FakeStats:
+    tokenize_seconds = forward_seconds = 0.0
+
+
 class FakeEncoder:
     max_length = 256
+    stats = FakeStats()
 
 
 class FakeEmbedder:
@@ -36,16 +41,17 @@ class FakeEmbedder:
         self.delay = delay
         self.gate = gate
 
-    def measure(self, texts, poolers, role, truncate):
+    def measure(self, texts, poolers, options):
         """What the batcher asks of an embedder for a request its caller did not measure."""
         return FakeWorkload([len(t.split()) + 2 for t in texts], list(texts))
 
-    def embed(self, texts, poolers, role, normalize, dimensions, truncate, tokenized=None):
+    def embed(self, texts, poolers, options, tokenized=None):
         if self.gate is not None:
             self.gate.wait(10)
         time.sleep(self.delay)
-        self.calls.append((list(texts), list(poolers), dict(role=role, normalize=normalize,
-                                                            dimensions=dimensions, truncate=truncate)))
+        self.calls.append((list(texts), list(poolers), dict(role=options.role, normalize=options.normalize,
+                                                            dimensions=options.dimensions,
+                                                            truncate=options.truncate)))
         for t in texts:
             if t == "BAD":
                 raise ValueError("input is bad")
@@ -229,7 +235,7 @@ def test_before_round_gets_the_round_tokens_in_the_worker_thread():
 
 
 def test_thread_policy_runs_small_rounds_on_one_thread():
-    torch = pytest.importorskip("torch")
+    import torch
     from embedpool.app.server.state import thread_policy
 
     full = torch.get_num_threads()
@@ -270,7 +276,7 @@ def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, mo
     monkeypatch.setattr(embedder.encoder, "tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
     b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0).start()
     try:
-        jobs = [b.submit(texts, ["mean"], counts=w.counts, est_tokens=w.tokens, tokenized=w.tokenized)
+        jobs = [b.submit(texts, ["mean"], usage_tokens=w.counts, cost_tokens=w.tokens, tokenized=w.tokenized)
                 for w in works[:4]]
         outs = [j.future.result(timeout=120) for j in jobs]
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from memory_testutil import PeakRSS
 
 POOLER = "cluster:pool_factor=4,window=true"
 
@@ -23,11 +24,11 @@ def _error(r) -> str:
     return body["error"] if isinstance(body["error"], str) else body["error"]["message"]
 
 
-def test_request_over_max_request_tokens_is_413_and_costs_no_memory(scale_server, bench_scale, long_inputs):
+def test_request_over_max_request_tokens_is_413_and_costs_no_memory(scale_server, long_inputs):
     """~40,000 tokens after windowing against a limit of 30,000: refused before any forward
     pass, with the limit and the request's count in the message; the server keeps serving and
     its RSS grows by less than 200 MB (whole-text clustering of 40k tokens took 22 GB)."""
-    with scale_server.client() as c, bench_scale.PeakRSS(scale_server.proc.pid) as rss:
+    with scale_server.client() as c, PeakRSS(scale_server.proc.pid) as rss:
         r = c.post("/embed", json={"inputs": long_inputs, "pooler": POOLER})
     assert r.status_code == 413, r.text[:300]
     assert r.json()["type"] == "payload_too_large"
@@ -64,10 +65,10 @@ def test_request_over_max_request_vectors_is_413(scale_server, long_inputs):
     scale_server.alive()
 
 
-def test_longest_input_served_in_bounded_memory(scale_server, bench_scale, long_inputs):
+def test_longest_input_served_in_bounded_memory(scale_server, long_inputs):
     """The longest input the server accepts (~20,000 tokens) with per-window clustering:
     served, about a quarter of its tokens as vectors, the server's RSS growing < 200 MB."""
-    with scale_server.client(timeout=600) as c, bench_scale.PeakRSS(scale_server.proc.pid) as rss:
+    with scale_server.client(timeout=600) as c, PeakRSS(scale_server.proc.pid) as rss:
         r = c.post("/embed", json={"inputs": long_inputs[0], "pooler": POOLER})
     assert r.status_code == 200, r.text[:300]
     vectors = r.json()["embeddings"][0]

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from embedpool.index import Collection, CollectionSpec
+from embedpool.index import FaissCollection, CollectionSpec
 from index_testutil import rand_unit
 
 B = 30
@@ -50,13 +50,13 @@ def expected(c: int, kind: str) -> dict:
     return state
 
 
-def committed_batches(coll: Collection) -> list[int]:
+def committed_batches(coll: FaissCollection) -> list[int]:
     return sorted(int(i[1:].split("-")[0]) for i in coll.ids() if i.endswith("-2"))
 
 
 def main() -> None:
     data_dir, kind = sys.argv[1], sys.argv[2]
-    coll = Collection.open_or_create(data_dir, NAME, spec(kind))
+    coll = FaissCollection.open_or_create(data_dir, NAME, spec(kind))
     b = len(committed_batches(coll))
     print(f"start {b}", flush=True)
     while True:

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from embedpool.index import Collection, CollectionSpec
+from embedpool.index import FaissCollection, CollectionSpec
 from index_testutil import rand_docs, rand_unit
 
 DIM = 16
@@ -15,7 +15,7 @@ BATCHES = 25
 
 @pytest.mark.parametrize("kind", ["single", "multi"])
 def test_concurrent_search_during_add_sees_whole_batches(coll_dir, rng, kind):
-    coll = Collection.create(coll_dir, "c", CollectionSpec(kind=kind, dim=DIM))
+    coll = FaissCollection.create(coll_dir, "c", CollectionSpec(kind=kind, dim=DIM))
     if kind == "single":
         batches = [rand_unit(rng, B, DIM) for _ in range(BATCHES)]
         probe = batches[0][:1]
@@ -72,6 +72,6 @@ def test_concurrent_search_during_add_sees_whole_batches(coll_dir, rng, kind):
     assert searches[0] > 10
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "c")
+    coll = FaissCollection.open(coll_dir, "c")
     assert len(coll) == B * BATCHES
     coll.close()

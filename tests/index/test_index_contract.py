@@ -16,7 +16,7 @@ import pytest
 
 from embedpool.index import (
     STATS_KEYS,
-    Collection,
+    FaissCollection,
     CollectionBase,
     CollectionNotFoundError,
     CollectionSpec,
@@ -85,7 +85,7 @@ def test_the_base_class_declares_the_whole_contract():
     assert CONTRACT <= CollectionBase.__abstractmethods__
     for method in ("search", "candidate_ids", "manifest", "__enter__", "__exit__"):
         assert hasattr(CollectionBase, method)
-    for cls in (Collection, MilvusCollection):
+    for cls in (FaissCollection, MilvusCollection):
         assert not inspect.isabstract(cls), cls.__abstractmethods__
         assert issubclass(cls, CollectionBase)
     with pytest.raises(TypeError):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedpool.index import Collection, dequantize, quantize
+from embedpool.index import FaissCollection, dequantize, quantize
 from index_crash_workload import NAME, committed_batches, expected
 from index_testutil import managed_files
 
@@ -48,7 +48,7 @@ def _run_and_kill(data_dir: Path, kind: str, delay: float) -> tuple[int, int]:
     return start, start + len(done)
 
 
-def _check_state(coll: Collection, c: int, kind: str) -> None:
+def _check_state(coll: FaissCollection, c: int, kind: str) -> None:
     want = expected(c, kind)
     assert sorted(coll.ids()) == sorted(want)
     assert len(coll) == len(want) == coll.stats()["documents"]
@@ -75,7 +75,7 @@ def test_sigkill_during_writes_leaves_last_commit(tmp_path, kind):
     in_flight_seen = 0
     for trial in range(TRIALS_PER_KIND):
         start, printed = _run_and_kill(data_dir, kind, delay=float(rng.uniform(0.05, 0.8)))
-        coll = Collection.open(data_dir, NAME)
+        coll = FaissCollection.open(data_dir, NAME)
         try:
             found = committed_batches(coll)
             c = len(found)

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import psutil
 
-from embedpool.index import Collection, CollectionSpec
+from embedpool.index import FaissCollection, CollectionSpec
 from index_testutil import naive_maxsim, unit
 
 DIM = 384
@@ -25,7 +25,7 @@ def _batch(seed: int) -> list[np.ndarray]:
 
 def test_committed_token_vectors_leave_memory(coll_dir):
     spec = CollectionSpec(kind="multi", model="m", pooler="tokens", dim=DIM)
-    coll = Collection.create(coll_dir, "m", spec)
+    coll = FaissCollection.create(coll_dir, "m", spec)
     rss = []
     for c in range(4):
         coll.add([f"c{c}d{i}" for i in range(DOCS)], _batch(c))

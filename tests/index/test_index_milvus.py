@@ -19,7 +19,7 @@ import pymilvus  # noqa: F401
 
 from embedpool.index import (  # noqa: E402
     BackendError,
-    Collection,
+    FaissCollection,
     CollectionNotFoundError,
     CollectionSpec,
     DocumentNotFoundError,
@@ -299,7 +299,7 @@ def test_scifact_top10_equal_faiss_flat_and_milvus_flat(mv, tmp_path):
     ids = [str(i) for i in z["doc_ids"]]
     spec = CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=384)
     faiss_coll = open_collection(tmp_path, "flat", spec)  # backend="faiss" by default
-    assert isinstance(faiss_coll, Collection) and spec.factory == "IDMap2,Flat"
+    assert isinstance(faiss_coll, FaissCollection) and spec.factory == "IDMap2,Flat"
     milvus_coll = mv("flat", spec)
     assert milvus_coll.stats()["index_type"] == "FLAT"
     for coll in (faiss_coll, milvus_coll):
@@ -376,14 +376,14 @@ def test_multi_vector_upsert_delete_get(multi_pair):
     with pytest.raises(SpecMismatchError, match="multi-vector"):
         mm.add(["x"], rand_unit(np.random.default_rng(0), 2, DIM))
     for m, p in out.values():
-        if isinstance(m, Collection):
+        if isinstance(m, FaissCollection):
             m.close()
             p.close()
 
 
 def test_factory_defaults_to_faiss(tmp_path):
     coll = open_collection(tmp_path, "f", SPEC)
-    assert isinstance(coll, Collection) and coll.backend == "faiss"
+    assert isinstance(coll, FaissCollection) and coll.backend == "faiss"
     coll.close()
     assert list_collections(tmp_path) == ["f"] == list_collections(tmp_path, backend="faiss")
     delete_collection(tmp_path, "f")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import (
-    Collection,
+    FaissCollection,
     CollectionSpec,
     InvalidInputError,
     SpecMismatchError,
@@ -26,7 +26,7 @@ def _ids(n, prefix="d"):
 
 @pytest.mark.parametrize("precision", ["float32", "float16", "int8"])
 def test_round_trip_and_exhaustive_equals_naive(coll_dir, rng, precision):
-    coll = Collection.create(coll_dir, "m", mspec(precision=precision))
+    coll = FaissCollection.create(coll_dir, "m", mspec(precision=precision))
     docs = rand_docs(rng, 30, DIM)
     coll.add(_ids(20), docs[:20], texts=[f"t{i}" for i in range(20)])
     coll.commit()
@@ -43,7 +43,7 @@ def test_round_trip_and_exhaustive_equals_naive(coll_dir, rng, precision):
         assert [h.id for h in r] == [n for _, n in want]
         np.testing.assert_allclose([h.score for h in r], [s for s, _ in want], rtol=1e-4, atol=1e-4)
     coll.close()
-    coll = Collection.open(coll_dir, "m")
+    coll = FaissCollection.open(coll_dir, "m")
     after = coll.search(queries, k=5)
     assert [[(h.id, h.score, h.text, h.metadata) for h in r] for r in after] == \
            [[(h.id, h.score, h.text, h.metadata) for h in r] for r in before]
@@ -59,7 +59,7 @@ def test_bytes_per_doc_by_precision(coll_dir, rng):
     docs = rand_docs(rng, 20, DIM, lo=10, hi=10)
     per = {}
     for p in ("float32", "float16", "int8"):
-        c = Collection.create(coll_dir, p, mspec(precision=p))
+        c = FaissCollection.create(coll_dir, p, mspec(precision=p))
         c.add(_ids(20), docs)
         c.commit()
         per[p] = c.stats()["bytes_per_doc"]
@@ -70,7 +70,7 @@ def test_bytes_per_doc_by_precision(coll_dir, rng):
 
 
 def test_upsert_delete_and_compact(coll_dir, rng):
-    coll = Collection.create(coll_dir, "m", mspec(precision="float16"))
+    coll = FaissCollection.create(coll_dir, "m", mspec(precision="float16"))
     docs = rand_docs(rng, 40, DIM, lo=3, hi=8)
     coll.add(_ids(40), docs)
     coll.commit()
@@ -86,7 +86,7 @@ def test_upsert_delete_and_compact(coll_dir, rng):
             # append-only: the first segment file was not rewritten by the second commit
             assert seg_file.stat().st_ino == ino
             coll.close()
-            coll = Collection.open(coll_dir, "m")
+            coll = FaissCollection.open(coll_dir, "m")
         hits = coll.search(q, k=40)
         assert all(h.id not in ("d5", "d6") for r in hits for h in r)
         assert len(hits[0]) == 38
@@ -104,7 +104,7 @@ def test_upsert_delete_and_compact(coll_dir, rng):
     for reopen in (False, True):
         if reopen:
             coll.close()
-            coll = Collection.open(coll_dir, "m")
+            coll = FaissCollection.open(coll_dir, "m")
         ids_after, scores_after = results()
         assert ids_after == ids_before
         np.testing.assert_allclose(scores_after, scores_before, rtol=1e-5)
@@ -130,10 +130,10 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     dim = 32
     docs, targets, queries = _planted(rng, dim=dim)
     ids = _ids(len(docs))
-    pooled = Collection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
+    pooled = FaissCollection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
     pooled.add(ids, unit(np.stack([d.mean(0) for d in docs])))
     pooled.commit()
-    coll = Collection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
+    coll = FaissCollection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
     coll.add(ids, docs)
     coll.commit()
     exact = coll.search(queries, k=3, mode="exhaustive")
@@ -152,7 +152,7 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     assert [r[0].id for r in two_b] == truth
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "toks")
+    coll = FaissCollection.open(coll_dir, "toks")
     assert coll.stats()["token_index"] is True
     assert [r[0].id for r in coll.search(queries, k=3, mode="tokens", k_token=8)] == truth
     # documents added after the token index was built are found through it
@@ -168,7 +168,7 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
 
 
 def test_multi_bad_input(coll_dir, rng):
-    coll = Collection.create(coll_dir, "m", mspec())
+    coll = FaissCollection.create(coll_dir, "m", mspec())
     coll.add(_ids(3), rand_docs(rng, 3, DIM))
     coll.commit()
     bad_nan = rand_unit(rng, 3, DIM)
@@ -188,19 +188,19 @@ def test_multi_bad_input(coll_dir, rng):
 
 
 def test_empty_collection_search(coll_dir, rng):
-    coll = Collection.create(coll_dir, "m", mspec())
+    coll = FaissCollection.create(coll_dir, "m", mspec())
     assert coll.search([rand_unit(rng, 2, DIM)], k=3) == [[]]
     assert coll.search([rand_unit(rng, 2, DIM)], k=3, mode="tokens") == [[]]
     coll.close()
-    s = Collection.create(coll_dir, "s", CollectionSpec(kind="single", dim=DIM))
+    s = FaissCollection.create(coll_dir, "s", CollectionSpec(kind="single", dim=DIM))
     assert s.search(rand_unit(rng, 2, DIM), k=3) == [[], []]
     s.close()
 
 
 def test_two_stage_sees_later_companion_commits(coll_dir, rng):
     dim = 8
-    pooled = Collection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
-    coll = Collection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
+    pooled = FaissCollection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
+    coll = FaissCollection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
     docs = rand_docs(rng, 5, dim)
     for c, v in ((pooled, unit(np.stack([d.mean(0) for d in docs]))), (coll, docs)):
         c.add(_ids(5), v)
@@ -220,12 +220,12 @@ def test_two_stage_sees_later_companion_commits(coll_dir, rng):
 
 def test_tokens_mode_with_trained_token_index(coll_dir, rng):
     docs = rand_docs(rng, 60, DIM, lo=3, hi=8)
-    coll = Collection.create(coll_dir, "ivf", mspec(token_factory="IVF4,Flat", precision="int8"))
+    coll = FaissCollection.create(coll_dir, "ivf", mspec(token_factory="IVF4,Flat", precision="int8"))
     coll.add(_ids(60), docs)
     coll.build_token_index()
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "ivf")
+    coll = FaissCollection.open(coll_dir, "ivf")
     exact = coll.search([docs[9], docs[33]], k=1)
     assert [r[0].id for r in exact] == ["d9", "d33"]
     assert [r[0].id for r in coll.search([docs[9], docs[33]], k=1, mode="tokens", k_token=4)] == ["d9", "d33"]

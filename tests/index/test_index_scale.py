@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedpool.index import Collection, CollectionSpec
+from embedpool.index import FaissCollection, CollectionSpec
 from embedpool.index.synthetic import SyntheticCorpus, nn_similarities, normalize
 
 POOLER = "cluster:pool_factor=16"
@@ -66,8 +66,8 @@ def _spec() -> CollectionSpec:
                           companion_pooler="mean", companion_dim=384, companion_factory="IVF64,SQ8")
 
 
-def _build(path: Path, gen: SyntheticCorpus, keep=None, commit_every: int = 5) -> Collection:
-    coll = Collection.create(path, "c", _spec())
+def _build(path: Path, gen: SyntheticCorpus, keep=None, commit_every: int = 5) -> FaissCollection:
+    coll = FaissCollection.create(path, "c", _spec())
     for b, bt in enumerate(gen.batches(N_DOCS, keep)):
         coll.add(bt.ids, bt.docs, companion=bt.companion)
         if b % commit_every == commit_every - 1:
@@ -84,7 +84,7 @@ def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 def test_append_commit_never_rewrites_committed_files(real, tmp_path):
     gen = SyntheticCorpus(real[0], seed=2)
-    coll = Collection.create(tmp_path, "c", _spec())
+    coll = FaissCollection.create(tmp_path, "c", _spec())
     seen: dict[str, tuple[int, int, int]] = {}
     for b, bt in enumerate(gen.batches(N_DOCS)):
         coll.add(bt.ids, bt.docs, companion=bt.companion)
@@ -102,12 +102,12 @@ def test_append_commit_never_rewrites_committed_files(real, tmp_path):
 _OPEN = """
 import ctypes, json, sys
 import faiss, numpy as np
-from embedpool.index import Collection
+from embedpool.index import FaissCollection
 def rss():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 base = rss()
-c = Collection.open(sys.argv[1], "c")
+c = FaissCollection.open(sys.argv[1], "c")
 print(json.dumps({"growth": rss() - base, "docs": len(c)}))
 """
 
@@ -140,7 +140,7 @@ def test_open_reads_no_vector_pages_and_compaction_equals_fresh_build(real, tmp_
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
     # the compacted collection reopens to the same state (its companion without deltas)
     coll.close()
-    again = Collection.open(tmp_path / "a", "c")
+    again = FaissCollection.open(tmp_path / "a", "c")
     assert again.ids() == fresh.ids()
     assert not list((tmp_path / "a" / "c").glob("*.delta.npz"))
     again.close()

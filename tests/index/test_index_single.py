@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import (
-    Collection,
+    FaissCollection,
     CollectionError,
     CollectionLockedError,
     CollectionNotFoundError,
@@ -39,13 +39,13 @@ def _snapshot(coll, queries):
 
 
 def test_round_trip_save_open_equality(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     ids, x = _fill(coll, rng)
     coll.commit()
     q = rand_unit(rng, 6, DIM)
     before = _snapshot(coll, q)
     coll.close()
-    coll = Collection.open(coll_dir, "c")
+    coll = FaissCollection.open(coll_dir, "c")
     assert _snapshot(coll, q) == before
     assert len(coll) == 40 and coll.ids() == ids
     doc = coll.get("d7")
@@ -65,7 +65,7 @@ def test_round_trip_save_open_equality(coll_dir, rng):
 
 
 def test_upsert_replaces(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     ids, x = _fill(coll, rng)
     coll.commit()
     new = rand_unit(rng, 1, DIM)
@@ -74,7 +74,7 @@ def test_upsert_replaces(coll_dir, rng):
         if c is None:
             coll.commit()
             coll.close()
-            c = coll = Collection.open(coll_dir, "c")
+            c = coll = FaissCollection.open(coll_dir, "c")
         assert len(c) == 40
         hits = c.search(new, k=3)[0]
         assert hits[0].id == "d5" and hits[0].text == "replaced" and hits[0].metadata == {"v": 2}
@@ -86,14 +86,14 @@ def test_upsert_replaces(coll_dir, rng):
 
 
 def test_delete_removes_from_results(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     ids, x = _fill(coll, rng)
     coll.delete(["d1", "d2"])
     assert "d1" not in coll and len(coll) == 38
     assert all(h.id not in ("d1", "d2") for h in coll.search(x[1:3], k=40)[0])
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "c")
+    coll = FaissCollection.open(coll_dir, "c")
     assert len(coll) == 38 and "d1" not in coll.ids()
     assert all(h.id not in ("d1", "d2") for r in coll.search(x[1:3], k=40) for h in r)
     with pytest.raises(DocumentNotFoundError) as e:
@@ -103,7 +103,7 @@ def test_delete_removes_from_results(coll_dir, rng):
 
 
 def test_delete_unknown_id_changes_nothing(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
     with pytest.raises(DocumentNotFoundError, match="nope"):
@@ -113,14 +113,14 @@ def test_delete_unknown_id_changes_nothing(coll_dir, rng):
 
 
 def test_uncommitted_changes_are_discarded_on_close(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
     _fill(coll, rng, n=5, prefix="late")
     coll.delete(["d0"])
     assert len(coll) == 44
     coll.close()
-    coll = Collection.open(coll_dir, "c")
+    coll = FaissCollection.open(coll_dir, "c")
     assert len(coll) == 40 and "d0" in coll and "late0" not in coll
     coll.close()
 
@@ -130,7 +130,7 @@ def test_uncommitted_changes_are_discarded_on_close(coll_dir, rng):
     {"factory": "HNSW32"},
 ])
 def test_manifest_mismatch_refused_and_data_unchanged(coll_dir, rng, change):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
     q = rand_unit(rng, 3, DIM)
@@ -139,16 +139,16 @@ def test_manifest_mismatch_refused_and_data_unchanged(coll_dir, rng, change):
     other = CollectionSpec(**{**SPEC.to_dict(), **change})
     field = next(iter(change))
     with pytest.raises(SpecMismatchError, match=field):
-        Collection.create(coll_dir, "c", other)
+        FaissCollection.create(coll_dir, "c", other)
     with pytest.raises(SpecMismatchError):
-        Collection.open_or_create(coll_dir, "c", other)
-    coll = Collection.open_or_create(coll_dir, "c", SPEC)  # same spec: returns the existing one
+        FaissCollection.open_or_create(coll_dir, "c", other)
+    coll = FaissCollection.open_or_create(coll_dir, "c", SPEC)  # same spec: returns the existing one
     assert _snapshot(coll, q) == before
     coll.close()
 
 
 def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
-    coll = Collection.create(coll_dir, "c", SPEC)
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
     q = rand_unit(rng, 3, DIM)
@@ -178,7 +178,7 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
     assert _snapshot(coll, q) == before
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "c")
+    coll = FaissCollection.open(coll_dir, "c")
     assert _snapshot(coll, q) == before
     with pytest.raises(SpecMismatchError, match="dimension"):
         coll.search(rand_unit(rng, 1, DIM + 1))
@@ -186,7 +186,7 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
 
 
 def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
-    coll = Collection.create(coll_dir, "h", CollectionSpec(kind="single", dim=DIM, factory="HNSW32"))
+    coll = FaissCollection.create(coll_dir, "h", CollectionSpec(kind="single", dim=DIM, factory="HNSW32"))
     ids, x = _fill(coll, rng, n=200)
     coll.commit()
     gone = [f"d{i}" for i in range(0, 200, 2)]
@@ -198,7 +198,7 @@ def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
     assert not {h.id for r in hits for h in r} & set(gone)
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "h")
+    coll = FaissCollection.open(coll_dir, "h")
     assert coll.stats()["tombstones"] == 101 and len(coll) == 100
     hits = coll.search(x[:20], k=10)
     assert all(len(r) == 10 for r in hits) and not {h.id for r in hits for h in r} & set(gone)
@@ -207,7 +207,7 @@ def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
     st = coll.stats()
     assert st["tombstones"] == 0 and st["documents"] == 100
     coll.close()
-    coll = Collection.open(coll_dir, "h")
+    coll = FaissCollection.open(coll_dir, "h")
     assert coll._vec.index.ntotal == 100 and coll.stats()["tombstones"] == 0
     assert coll.search(x[5:6], k=1)[0][0].id == "d5"
     assert managed_files(coll_dir / "h") == {coll._vec.file}
@@ -216,7 +216,7 @@ def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
 
 def test_ivfpq_needs_enough_vectors_for_training(coll_dir, rng):
     spec = CollectionSpec(kind="single", dim=DIM, factory="IVF8,PQ4")
-    coll = Collection.create(coll_dir, "ivf", spec)
+    coll = FaissCollection.create(coll_dir, "ivf", spec)
     with pytest.raises(TrainingError, match=r"at least 256 vectors.*has 100"):
         coll.add([f"d{i}" for i in range(100)], rand_unit(rng, 100, DIM))
     assert len(coll) == 0
@@ -226,7 +226,7 @@ def test_ivfpq_needs_enough_vectors_for_training(coll_dir, rng):
     coll.delete(["d0"])
     coll.commit()
     coll.close()
-    coll = Collection.open(coll_dir, "ivf")
+    coll = FaissCollection.open(coll_dir, "ivf")
     assert len(coll) == 600 and "d0" not in coll
     hits = coll.search(x[1:11], k=5)
     assert np.mean([r[0].id == f"d{i + 1}" for i, r in enumerate(hits)]) >= 0.8  # PQ is approximate
@@ -236,7 +236,7 @@ def test_ivfpq_needs_enough_vectors_for_training(coll_dir, rng):
 
 def test_bad_factory_is_refused(coll_dir):
     with pytest.raises(InvalidInputError, match="factory"):
-        Collection.create(coll_dir, "bad", CollectionSpec(kind="single", dim=DIM, factory="NoSuch99"))
+        FaissCollection.create(coll_dir, "bad", CollectionSpec(kind="single", dim=DIM, factory="NoSuch99"))
     assert list_collections(coll_dir) == []
 
 
@@ -244,12 +244,12 @@ def test_not_a_collection_and_newer_format(coll_dir, rng):
     (coll_dir / "junk").mkdir(parents=True)
     (coll_dir / "junk" / "file.txt").write_text("hi")
     with pytest.raises(NotACollectionError, match="not an embedpool collection"):
-        Collection.open(coll_dir, "junk")
+        FaissCollection.open(coll_dir, "junk")
     with pytest.raises(NotACollectionError):
-        Collection.create(coll_dir, "junk", SPEC)
+        FaissCollection.create(coll_dir, "junk", SPEC)
     with pytest.raises(CollectionNotFoundError, match="no collection 'missing'"):
-        Collection.open(coll_dir, "missing")
-    coll = Collection.create(coll_dir, "c", SPEC)
+        FaissCollection.open(coll_dir, "missing")
+    coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
     coll.close()
@@ -258,18 +258,18 @@ def test_not_a_collection_and_newer_format(coll_dir, rng):
     m["format_version"] = 99
     path.write_text(json.dumps(m))
     with pytest.raises(FormatVersionError, match="upgrade"):
-        Collection.open(coll_dir, "c")
+        FaissCollection.open(coll_dir, "c")
     path.write_text("{not json")
     with pytest.raises(NotACollectionError):
-        Collection.open(coll_dir, "c")
+        FaissCollection.open(coll_dir, "c")
     assert issubclass(FormatVersionError, CollectionError) and issubclass(CollectionError, ValueError)
     with pytest.raises(InvalidInputError, match="invalid collection name"):
-        Collection.open(coll_dir, "../etc")
+        FaissCollection.open(coll_dir, "../etc")
 
 
 def test_list_and_delete_collections(coll_dir, rng):
     for name in ("b", "a"):
-        Collection.create(coll_dir, name, SPEC).close()
+        FaissCollection.create(coll_dir, name, SPEC).close()
     (coll_dir / "junk").mkdir()
     assert list_collections(coll_dir) == ["a", "b"]
     delete_collection(coll_dir, "a")
@@ -282,8 +282,8 @@ def test_list_and_delete_collections(coll_dir, rng):
 
 
 def test_one_writer_at_a_time(coll_dir, rng):
-    a = Collection.create(coll_dir, "c", SPEC)
-    b = Collection.open(coll_dir, "c")
+    a = FaissCollection.create(coll_dir, "c", SPEC)
+    b = FaissCollection.open(coll_dir, "c")
     _fill(a, rng, n=5)
     with pytest.raises(CollectionLockedError, match="one writer"):
         b.add(["x"], rand_unit(rng, 1, DIM))
@@ -292,7 +292,7 @@ def test_one_writer_at_a_time(coll_dir, rng):
     with pytest.raises(CollectionLockedError, match="open it again"):
         b.add(["x"], rand_unit(rng, 1, DIM))
     b.close()
-    b = Collection.open(coll_dir, "c")
+    b = FaissCollection.open(coll_dir, "c")
     assert len(b) == 5
     b.add(["x"], rand_unit(rng, 1, DIM))
     b.commit()
@@ -301,8 +301,8 @@ def test_one_writer_at_a_time(coll_dir, rng):
 
 
 def test_refresh_picks_up_another_writers_commit(coll_dir, rng):
-    writer = Collection.create(coll_dir, "c", SPEC)
-    reader = Collection.open(coll_dir, "c")
+    writer = FaissCollection.create(coll_dir, "c", SPEC)
+    reader = FaissCollection.open(coll_dir, "c")
     ids, x = _fill(writer, rng, n=10)
     assert reader.refresh() is False and len(reader) == 0
     writer.commit()

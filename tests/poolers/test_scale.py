@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import memory_testutil
 import numpy as np
 import pytest
+from memory_testutil import watched
 
+from embedpool.errors import InvalidError
 from embedpool.poolers import TokenStates, build_pooler
 from embedpool.poolers.encoder import WINDOWED, Plan
 
@@ -112,9 +118,12 @@ def test_embed_reuses_what_measure_tokenized(role, encoder, embedder, long_text,
     got = embedder.embed(texts, specs, role=role, tokenized=work.tokenized)
     got_joined = embedder.embed([texts[i] for i in order], specs, role=role, tokenized=joined)
     assert calls == []
-    # rows made with other options are not reused
-    embedder.embed(texts, ["mean"], role="query" if role == "document" else "document", tokenized=work.tokenized)
-    assert len(calls) == 1
+    # rows made with other options are refused, not silently tokenized again
+    with pytest.raises(InvalidError, match="made with the options"):
+        embedder.embed(texts, ["mean"], role="query" if role == "document" else "document", tokenized=work.tokenized)
+    with pytest.raises(InvalidError, match="4 texts' rows for 3 texts"):
+        embedder.embed(texts[:3], ["mean"], role=role, tokenized=work.tokenized)
+    assert calls == []
     assert got.tokens == want.tokens == got_joined.tokens
     for spec in specs:
         for i, (a, b) in enumerate(zip(got.vectors[spec], want.vectors[spec])):
@@ -122,24 +131,30 @@ def test_embed_reuses_what_measure_tokenized(role, encoder, embedder, long_text,
             np.testing.assert_allclose(got_joined.vectors[spec][order.index(i)], b, atol=1e-5)
 
 
-def test_20k_token_document_clusters_in_bounded_memory(data_dir, bench_scale):
+def test_20k_token_document_clusters_in_bounded_memory(encoder, scifact_docs, tmp_path):
     """``cluster:pool_factor=4,window=true`` on a 20,000-token document of SciFact abstracts,
     in a subprocess: the pooling step alone (all 80 windows' token states in one batch) and
     the whole ``embed`` (forward included) each grow the RSS by less than 300 MB, measured as
     the kernel's RSS high-water mark over the RSS before the step (every allocator counted:
     torch's, numpy's, scipy's). Whole-text clustering needs ~20,000² × 12 bytes ≈ 4.8 GB."""
-    env = {"EMBEDPOOL_SCIFACT": str(data_dir / "scifact"),
-           # a fixed mmap threshold: freed blocks go back to the system at once, so memory the
-           # process held before the step cannot hide the step's own allocations
-           "MALLOC_MMAP_THRESHOLD_": "131072"}
-    pool, embed = bench_scale.run_in_subprocess("cluster:pool_factor=4,window=true", 20_000, ("pool", "embed"),
-                                          threads=0, env=env, limit_bytes=3 << 30)
-    assert "killed" not in pool, pool
-    assert pool["encoded_tokens"] >= 20_000 and pool["rows"] >= 20_000 // 254
+    text = "\n\n".join(scifact_docs)
+    offsets = encoder.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                                verbose=False)["offset_mapping"]
+    document = tmp_path / "document.txt"
+    document.write_text(text[:offsets[20_000 - 1][1]], encoding="utf-8")
+    # a fixed mmap threshold: freed blocks go back to the system at once, so memory the process
+    # held before the step cannot hide the step's own allocations
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    out, killed = watched([sys.executable, str(Path(memory_testutil.__file__)), "--pooler",
+                           "cluster:pool_factor=4,window=true", "--document", str(document)],
+                          env, limit_bytes=3 << 30)
+    assert killed is None, killed
+    pool, embed = out["pool"], out["embed"]
+    assert out["encoded_tokens"] >= 20_000 and pool["rows"] >= 20_000 // 254
     assert pool["step_rss_growth_mb"] < 300, pool
     assert embed["step_rss_growth_mb"] < 300, embed
     # about n / 4 vectors per window, as many as measure() predicted
-    assert pool["vectors"] == embed["vectors"] == pool["expected_vectors"]
+    assert pool["vectors"] == embed["vectors"] == out["expected_vectors"]
     assert 20_000 / 4 < pool["vectors"] < 20_000 / 4 + 2 * pool["rows"]
     # the forward ran in budget-sized batches: at most 2048 / 256 = 8 windows per call
     assert embed["forward_calls"] >= pool["rows"] // 8

@@ -109,7 +109,7 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
-        token_factory=body.token_factory, encoder_precision=getattr(engine.embedder.encoder, "precision", None),
+        token_factory=body.token_factory, encoder_precision=engine.embedder.encoder.precision,
         **_companion(engine, collections, spec_str, body, dimensions))
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
@@ -161,7 +161,7 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
     vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field="documents"), texts, wanted)
     vecs = vectors[own]
-    await run_in_threadpool(collections.write, coll, "add", [d.id for d in docs],
+    await run_in_threadpool(collections.add, coll, [d.id for d in docs],
                             np.stack(vecs) if coll.spec.kind == "single" else vecs, texts,
                             [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler,
                             companion=vectors[comp] if comp else None)
@@ -185,7 +185,7 @@ def delete_document(name: str = NAME, doc_id: str = Path(..., description="docum
                     collections: Collections = Depends(get_collections)) -> Any:
     """Delete one document (committed before the answer)."""
     coll = collections.get(name)
-    collections.write(coll, "delete", [doc_id])
+    collections.delete_documents(coll, [doc_id])
     return {"deleted": doc_id}
 
 
@@ -201,13 +201,13 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     coll = await _open(collections, engine, name)
     need = retrieval.companion_name(coll.spec, body.mode, name)
     comp = await _open(collections, engine, need) if need else None
-    plan = retrieval.Search(coll, engine.embedder.dim, k=body.k, mode=body.mode, candidates=body.candidates,
-                            k_token=body.k_token, companion=comp)
-    for e in plan.embeddings():
+    search = retrieval.Search(coll, engine.embedder.dim, k=body.k, mode=body.mode, candidates=body.candidates,
+                              k_token=body.k_token, companion=comp)
+    for e in search.embeddings():
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
     vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field=field), texts,
-                                                     plan.embeddings())
-    results = await run_in_threadpool(plan.run, vectors)
+                                                     search.embeddings())
+    results = await run_in_threadpool(search.run, vectors)
     hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
               **({"text": h.text} if body.include_text else {})} for h in r] for r in results]
     usage = {"tokens": tokens}

@@ -50,7 +50,7 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
         max_length=emb.encoder.max_length if emb else None,
         precision=emb.encoder.precision if emb else s.precision,
         precision_requested=s.precision,
-        precision_reason=getattr(emb.encoder, "precision_reason", None) if emb else None,
+        precision_reason=emb.encoder.precision_reason if emb else None,
         cpu=_cpu(),
         default_pooler=engine.default_pooler,
         poolers=poolers,

@@ -147,7 +147,7 @@ async def info(engine: Engine = Depends(get_engine)) -> JSON:
     """TEI's `Info` for the served model (pooling: the server's default pooler)."""
     emb = engine.require()
     s = engine.settings
-    precision = getattr(emb.encoder, "precision", s.precision)
+    precision = emb.encoder.precision
     dtype = "bfloat16" if "bf16" in precision else "int8" if "int8" in precision else "float32"
     return JSON({
         "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": emb.model_id,
