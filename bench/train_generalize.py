@@ -60,6 +60,7 @@ VARIANTS = {
     "attention+anchor": lambda s: ["--pooler", "attention", "--anchor", ANCHOR],
     "multilayer": lambda s: ["--pooler", "multilayer"],
     "multilayer+anchor": lambda s: ["--pooler", "multilayer", "--anchor", ANCHOR],
+    "multilayer+anchor30": lambda s: ["--pooler", "multilayer", "--anchor", "30"],
     "multilayer+guard": lambda s: ["--pooler", "multilayer", *GUARD[s]],
     "multilayer-lr30": lambda s: ["--pooler", "multilayer", "--layer-lr", "30"],
     "multilayer-lr30+anchor": lambda s: ["--pooler", "multilayer", "--layer-lr", "30", "--anchor", ANCHOR],
@@ -158,7 +159,7 @@ def evaluate(args: argparse.Namespace) -> None:
                 if v != "attention":
                     scores[(t, v, s, "stsb")]["p_attention"] = rows[spec(t, v, s)]["p_value"]
     table = summarize(scores, mean_scores, args.seeds, variants)
-    OUT.write_text(json.dumps({
+    args.out.write_text(json.dumps({
         "cpu": cpu(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
         "mean": mean_scores, "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
         "stsb_test": st["stat_test"], "summary": table,
@@ -236,6 +237,7 @@ def main() -> None:
     ap.add_argument("what", choices=["sweep", "train", "eval", "table"])
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
+    ap.add_argument("--out", type=Path, default=OUT, help="eval: the report (default bench/results/train_generalize.json)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
     print(json.dumps(cpu()), file=sys.stderr)
@@ -246,7 +248,7 @@ def main() -> None:
     elif args.what == "eval":
         evaluate(args)
     else:
-        saved = json.loads(OUT.read_text())
+        saved = json.loads(args.out.read_text())
         print_table(saved["summary"], saved["mean"])
 
 
