@@ -1,8 +1,9 @@
-"""Training the attention pooler's head on a frozen encoder.
+"""Training the head of a learned pooler (``attention`` over the last layer, ``multilayer`` over
+every layer) on a frozen encoder.
 
 The encoder never changes, so every text's token states are computed once and cached
-(float16, on disk when a cache folder is given); training then only runs the small head:
-minutes on a CPU. Objectives:
+(float16, on disk when a cache folder is given; every layer's for ``multilayer``); training then
+only runs the small head: minutes on a CPU. Objectives:
 
 - ``infonce``: (query, relevant document) pairs, contrastive with in-batch negatives;
 - ``cosent``: STS pairs with a gold similarity, CoSENT ranking loss on cosine similarity;
@@ -18,6 +19,10 @@ nDCG@10 of the dev queries against every document of the data for ``infonce``, S
 for ``cosent``) because a falling CoSENT/InfoNCE loss can hide a falling metric (the loss also
 drops when the head merely spreads the cosines). The step-0 head (= mean pooling) is scored too
 and kept when no later checkpoint beats it. A fixed seed gives the same weights.
+
+Against over-fitting the training domain: ``anchor`` pulls the pooled vectors toward mean's
+(no extra data), and a :class:`Guard` split of another task vetoes checkpoints that score below
+the untrained head there (docs/attention.md measures both).
 """
 
 from __future__ import annotations
