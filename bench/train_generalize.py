@@ -30,13 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from scale import machine  # noqa: E402  (bench/ is on the path: the script's own folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -65,18 +66,6 @@ VARIANTS = {
     "multilayer-lr30": lambda s: ["--pooler", "multilayer", "--layer-lr", "30"],
     "multilayer-lr30+anchor": lambda s: ["--pooler", "multilayer", "--layer-lr", "30", "--anchor", ANCHOR],
 }
-
-
-def cpu() -> dict:
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
-    import torch
-
-    return {"model": platform.processor() or next((line.split(":", 1)[1].strip() for line in
-                                                   Path("/proc/cpuinfo").read_text().splitlines()
-                                                   if line.startswith("model name")), ""),
-            "cores": os.cpu_count(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
-            "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))}
 
 
 def head_dir(trained_on: str, variant: str, seed: int) -> Path:
@@ -160,7 +149,7 @@ def evaluate(args: argparse.Namespace) -> None:
                     scores[(t, v, s, "stsb")]["p_attention"] = rows[spec(t, v, s)]["p_value"]
     table = summarize(scores, mean_scores, args.seeds, variants)
     args.out.write_text(json.dumps({
-        "cpu": cpu(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
+        "cpu": machine(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
         "mean": mean_scores, "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
         "stsb_test": st["stat_test"], "summary": table,
         "runs": [{"trained_on": t, "variant": v, "seed": s, "evaluated_on": e, **r}
@@ -223,7 +212,7 @@ def sweep(args: argparse.Namespace) -> None:
             rows.append({"trained_on": t, "anchor": float(w), **{k: r[k] for k in (
                 "dev_metric", "step0_dev_metric", "best_dev_metric", "guard", "guard_metric", "step0_guard_metric",
                 "best_guard_metric", "best_step", "train_seconds")}})
-    (ROOT / "bench" / "results" / "train_anchor_sweep.json").write_text(json.dumps({"cpu": cpu(), "rows": rows},
+    (ROOT / "bench" / "results" / "train_anchor_sweep.json").write_text(json.dumps({"cpu": machine(), "rows": rows},
                                                                                    indent=2))
     print("| trained on | anchor W | in-domain dev (step 0 = mean) | other task's split (step 0 = mean) | best step |")
     print("|---|---:|---:|---:|---:|")
@@ -240,7 +229,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT, help="eval: the report (default bench/results/train_generalize.json)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
-    print(json.dumps(cpu()), file=sys.stderr)
+    print(json.dumps(machine()), file=sys.stderr)
     if args.what == "sweep":
         sweep(args)
     elif args.what == "train":

@@ -82,12 +82,20 @@ def cache_token_states(encoder: FrozenEncoder, texts: Sequence[str], role: str =
     return out  # type: ignore[return-value]
 
 
+def state_bytes(encoder: FrozenEncoder, texts: Sequence[str], all_layers: bool = False) -> int:
+    """What :func:`cache_token_states` of ``texts`` holds in memory (float16, every layer's with
+    ``all_layers``), from their token counts at the encoder's window, before anything is encoded."""
+    counts = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_length, verbose=False)
+    layers = encoder.model.config.num_hidden_layers + 1 if all_layers else 1
+    return sum(len(ids) for ids in counts["input_ids"]) * encoder.hidden_size * layers * 2
+
+
 def pad(states: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """Right-pad ``[n_i, D]`` states into ``[B, T, D]`` float32 and a ``[B, T]`` mask;
     all-layer states ``[K, n_i, D]`` into ``[K, B, T, D]``."""
     width = max(s.shape[-2] for s in states)
-    *layers, dim = states[0].shape[:-2], states[0].shape[-1]
-    hidden = torch.zeros(*layers[0], len(states), width, dim)
+    layers, dim = tuple(states[0].shape[:-2]), states[0].shape[-1]  # layers: () or (K,)
+    hidden = torch.zeros(*layers, len(states), width, dim)
     mask = torch.zeros(len(states), width, dtype=torch.long)
     for i, s in enumerate(states):
         hidden[..., i, : s.shape[-2], :] = s.float()
@@ -199,6 +207,12 @@ def ict_positive_states(encoder: FrozenEncoder, docs: Sequence[str], doc_states:
         keep = torch.tensor([not (b > a and a < span.end and b > span.start) for a, b in offsets])
         out.append(states[..., keep, :].clone())
     return out
+
+
+def query_role(objective: str) -> str:
+    """The role the first text of a pair is encoded and pooled as: STS pairs are symmetric
+    (``document`` on both sides), retrieval pairs have a ``query``."""
+    return "document" if objective == "cosent" else "query"
 
 
 # ---------------------------------------------------------------- losses
@@ -362,8 +376,7 @@ def _batch_loss(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConf
     """The task loss of a batch of pairs, plus ``anchor`` times the pull toward mean (see
     :attr:`TrainConfig.anchor`)."""
     pairs = [data.pairs[i] for i in batch]
-    q_role = "document" if cfg.objective == "cosent" else "query"  # STS pairs are symmetric
-    q_out, q_mean = _forward(head, [data.queries[a] for a, _ in pairs], q_role)
+    q_out, q_mean = _forward(head, [data.queries[a] for a, _ in pairs], query_role(cfg.objective))
     d_out, d_mean = _forward(head, [data.docs[b] for _, b in pairs], "document")
     q, d = _flat(q_out), _flat(d_out)
     if cfg.objective == "cosent":

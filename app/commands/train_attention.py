@@ -17,7 +17,9 @@ from embedpool.app import datasets
 from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import add_data_sources, command
 from embedpool.app.settings import from_args, load_embedder
-from embedpool.errors import InvalidError
+from embedpool.errors import InvalidError, TooLargeError
+
+MAX_STATE_BYTES = 8 * 2**30  # the training set's token states are held in memory
 
 
 def register(sub) -> None:
@@ -78,6 +80,10 @@ def _register(sub, name: str) -> None:
     p.add_argument("--patience", type=int, default=3)
     p.add_argument("--dev-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-state-bytes", type=int, default=MAX_STATE_BYTES, metavar="N",
+                   help="refuse, before encoding, a training whose cached token states would take more than N "
+                        f"bytes in memory (default {MAX_STATE_BYTES // 2**30} GiB; every layer's are 7x the last "
+                        "layer's for all-MiniLM-L6-v2)")
     p.add_argument("--cache-dir", default=None, help="where token states are cached (default OUT/../.state-cache)")
 
 
@@ -138,20 +144,27 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
     return train, dev
 
 
-def _role(texts: Texts) -> str:
-    """The role the first text of a pair is encoded as: STS pairs are symmetric (document)."""
-    return "document" if texts.objective == "cosent" else "query"
-
-
-def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_layers: bool):
+def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_layers: bool, max_bytes: int):
     """Token states of the training texts and of each of ``others`` (the dev and guard texts;
     ``None`` stays ``None``) as ``PairData``, from the state cache; every hidden layer's with
-    ``all_layers``.
+    ``all_layers``. Refused before encoding when they would take more than ``max_bytes``.
 
     Queries and documents are cached separately (the model may prompt them differently); STS
     pairs are symmetric and use the document role for both sides."""
-    from embedpool.poolers.training import PairData, cache_token_states, ict_positive_states, pair_states
+    from embedpool.poolers.training import (PairData, cache_token_states, ict_positive_states, pair_states,
+                                            query_role, state_bytes)
 
+    if train.docs is not None:  # ICT: the sentences and their documents (positives are cut from those)
+        texts = [a for a, _ in train.pairs] + train.docs
+    else:
+        texts = [t for pair in train.pairs for t in pair]
+    texts += [t for x in others if x for pair in x.pairs for t in pair]
+    need = state_bytes(encoder, list(dict.fromkeys(texts)), all_layers)
+    if need > max_bytes:
+        raise TooLargeError(
+            f"the token states to train on take {need / 2**30:.1f} GiB{' with every layer' if all_layers else ''}, "
+            f"over --max-state-bytes {max_bytes / 2**30:.1f} GiB: train on fewer pairs or documents "
+            "(--max-docs), or raise --max-state-bytes if this machine has the memory")
     if train.docs is not None:
         n_texts = len({a for a, _ in train.pairs}) + len(train.docs)
     else:
@@ -159,8 +172,8 @@ def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_
     n_texts += sum(len({a for a, _ in t.pairs}) + len({b for _, b in t.pairs}) for t in others if t)
     with tqdm(total=n_texts, desc="token states", unit="text", file=sys.stderr) as bar:
         def states(texts: Texts) -> PairData:
-            return pair_states(encoder, texts.pairs, texts.scores, query_role=_role(texts), cache_dir=cache,
-                               progress=bar.update, all_layers=all_layers)
+            return pair_states(encoder, texts.pairs, texts.scores, query_role=query_role(texts.objective),
+                               cache_dir=cache, progress=bar.update, all_layers=all_layers)
 
         if train.docs is not None:
             # ICT: the sentences are encoded as queries; each positive is its document's cached
@@ -237,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     cache = Path(args.cache_dir) if args.cache_dir else out.parent / ".state-cache"
     started = time.perf_counter()
-    data, (dev_data, guard_data) = _states(encoder, train, [dev, guard], cache, args.pooler == "multilayer")
+    data, (dev_data, guard_data) = _states(encoder, train, [dev, guard], cache, args.pooler == "multilayer",
+                                           args.max_state_bytes)
     states_s = time.perf_counter() - started
     t0 = time.perf_counter()
     head, report = _train(data, dev_data, Guard(guard_data, guard.objective) if guard else None,

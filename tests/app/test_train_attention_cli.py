@@ -65,3 +65,12 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
     assert cli.main(["train-pooler", "--sts", str(sts), "--guard-data", str(beir), "--guard-split", "test",
                      "--out", str(out)]) == 2
     assert "must not look at a test split" in capsys.readouterr().err
+    # the token states are bounded before anything is encoded: every layer's are 7x the last layer's
+    passes = embedder.encoder.stats.passes
+    assert cli.main(["train-pooler", "--pooler", "multilayer", "--sts", str(sts), "--max-state-bytes", "100000",
+                     "--out", str(tmp_path / "too-big"), "--cache-dir", str(tmp_path / "cache-2")]) == 2
+    err = capsys.readouterr().err
+    assert "with every layer, over --max-state-bytes" in err and "--max-docs" in err
+    assert embedder.encoder.stats.passes == passes and not (tmp_path / "too-big").exists()
+    assert cli.main(["train-pooler", "--pooler", "attention", "--sts", str(sts), "--max-state-bytes", "100000",
+                     "--epochs", "1", "--out", str(tmp_path / "fits"), "--cache-dir", str(tmp_path / "cache-2")]) == 0

@@ -13,7 +13,8 @@ from embedpool.poolers.attention import AttentionHead, RoleHeads
 from embedpool.poolers.states import TokenStates
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
 from embedpool.poolers.training import (Guard, PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
-                                        ict_positive_states, ict_spans, pad, split_dev, train_head)
+                                        ict_positive_states, ict_spans, pad, split_dev, state_bytes,
+                                        train_head)
 
 
 def _synthetic(n_pairs: int = 96, dim: int = 32, noise_tokens: int = 12, seed: int = 0) -> PairData:
@@ -320,6 +321,9 @@ def test_multilayer_head_trains_on_every_layer_and_serves(tmp_path, encoder, emb
     last = cache_token_states(encoder, texts, "document", tmp_path)
     every = cache_token_states(encoder, texts, "document", tmp_path, all_layers=True)
     assert len(list(tmp_path.glob("states-*.pt"))) == 2  # the two caches have their own keys
+    # the size estimate made before encoding is what the caches hold
+    assert state_bytes(encoder, texts) == sum(x.numel() * 2 for x in last)
+    assert state_bytes(encoder, texts, all_layers=True) == sum(x.numel() * 2 for x in every)
     for one, all_ in zip(last, every):
         assert all_.dtype == torch.float16 and all_.shape == (7, *one.shape)  # embeddings + 6 layers
         torch.testing.assert_close(all_[-1], one, atol=0, rtol=0)  # the last layer is the last-layer cache
