@@ -172,7 +172,8 @@ class ReinPoolPooler(AttentionPooler):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.role_aware = True  # queries and documents pool differently, whatever the roles
+        # a trained policy pools documents by selection and queries as means; untrained, both are means
+        self.role_aware = bool(self.weights)
 
     def new_head(self, states: TokenStates) -> ReinPoolHead:
         return ReinPoolHead(states.hidden.shape[-1])
