@@ -59,11 +59,11 @@ import_extra("pybase64", "milvus", "The Milvus backend")
 from ..backends import Backend, Where
 from ..errors import CollectionNotFoundError, NotACollectionError
 from ..spec import CollectionSpec
-from .collection import MANIFEST_KEY, MilvusCollection
+from .collection import MilvusCollection
 from .connection import ClientPool, Connection
+from .creation import MANIFEST_KEY, OWNER_KEY, drop_all
 from .mapping import milvus_index
 from .names import embedpool_name, milvus_name
-from .schema import hidden_names
 
 __all__ = ["MilvusCollection", "ClientPool", "MANIFEST_KEY", "milvus_index", "milvus_name",
            "embedpool_name", "list_collections", "delete_collection", "default_uri", "BACKEND"]
@@ -91,13 +91,11 @@ def _drop(conn: Connection, name: str) -> None:
         client = conn.client()
         if not client.has_collection(mname):
             raise CollectionNotFoundError(f"no collection {name!r} in Milvus")
-        if MANIFEST_KEY not in (client.describe_collection(mname).get("properties") or {}):
+        props = client.describe_collection(mname).get("properties") or {}
+        if MANIFEST_KEY not in props and OWNER_KEY not in props:  # a half-made one may go
             raise NotACollectionError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
-        client.drop_collection(mname)
-        for hidden in hidden_names(mname):  # a multi-vector collection's token and companion rows
-            if client.has_collection(hidden):
-                client.drop_collection(hidden)
+        drop_all(client, mname)  # with a multi-vector collection's token and companion rows
 
 
 def list_collections(uri: str, *, token: str | None = None) -> list[str]:
