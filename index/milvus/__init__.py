@@ -57,10 +57,10 @@ import_extra("pymilvus", "milvus", "The Milvus backend")
 import_extra("pybase64", "milvus", "The Milvus backend")
 
 from ..backends import Backend, Where
-from ..errors import CollectionNotFoundError, NotACollectionError
+from ..errors import BackendError, CollectionNotFoundError, NotACollectionError
 from ..spec import CollectionSpec
 from .collection import MilvusCollection
-from .connection import ClientPool, Connection
+from .connection import ClientPool, Connection, is_lite
 from .creation import MANIFEST_KEY, OWNER_KEY, drop_all
 from .mapping import milvus_index
 from .names import embedpool_name, milvus_name
@@ -132,10 +132,33 @@ class MilvusBackend(Backend):
     def delete(self, where: Where, name: str) -> None:
         delete_collection(self._uri(where), name, token=where.token)
 
+    def status(self, where: Where) -> dict[str, Any]:
+        """One version RPC on the shared connection (reconnecting if it was broken), at most
+        :data:`STATUS_TIMEOUT` seconds. A Milvus Lite file that no collection holds open is not
+        started for it."""
+        uri = self._uri(where)
+        out: dict[str, Any] = {"backend": "milvus", "status": "ok", "location": uri}
+        if is_lite(uri) and not ClientPool.held(uri, where.token):
+            return out
+        try:
+            conn = ClientPool.acquire(uri, where.token)
+        except BackendError as e:
+            return {**out, "status": "unreachable", "error": str(e)}
+        try:
+            with conn.errors("health check"):
+                conn.client().get_server_version(timeout=STATUS_TIMEOUT)
+            return {**out, "version": conn.features.name}
+        except BackendError as e:
+            return {**out, "status": "unreachable", "error": str(e)}
+        finally:
+            ClientPool.release(conn)
+
     def manifest(self, where: Where, name: str) -> dict[str, Any]:
         """The manifest with live counts (Milvus counts rows cheaply; the property has none)."""
         with MilvusCollection.open(self._uri(where), name, token=where.token) as coll:
             return coll.manifest
 
+
+STATUS_TIMEOUT = 3.0  # seconds a health check waits for Milvus
 
 BACKEND = MilvusBackend()

@@ -204,6 +204,14 @@ class ClientPool:
             return conn
 
     @classmethod
+    def held(cls, uri: str, token: str | None) -> bool:
+        """A connection to ``uri`` is open in this process."""
+        if is_lite(uri):
+            uri = str(Path(uri).expanduser().resolve())
+        with cls._lock:
+            return (uri, token or "") in cls._pool
+
+    @classmethod
     def release(cls, conn: Connection) -> None:
         with cls._lock:
             if cls._pool.get(conn.key) is not conn:
