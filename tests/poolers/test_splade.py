@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from embedpool.poolers import Embedder, FrozenEncoder, build_pooler
+from splade_testutil import make_splade_model  # noqa: E402  (tests/ is on sys.path)
 
-WORDS = ("the a of and to in is for on with cat dog sat mat stock market fell rain storm weekend "
-         "investors sold shares heavy").split()
 TEXTS = ["the cat sat on the mat", "stock market fell", "heavy rain and storm for the weekend, the investors sold",
          "a", "dog"]
 
@@ -19,25 +18,7 @@ TEXTS = ["the cat sat on the mat", "stock market fell", "heavy rain and storm fo
 @pytest.fixture(scope="module")
 def splade_model(tmp_path_factory):
     """A SparseEncoder saved by sentence-transformers itself around a tiny random BertForMaskedLM."""
-    from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
-
-    tmp = tmp_path_factory.mktemp("splade")
-    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghijklmnopqrstuvwxyz.,!?")
-             + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"] + WORDS)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    mlm = BertForMaskedLM(config).eval()
-    with torch.no_grad():  # a visible MLM bias, and (tied) word embeddings that set texts apart
-        mlm.cls.predictions.bias.normal_(-4.0, 1.0)  # most weights 0: sparse
-        mlm.bert.embeddings.word_embeddings.weight.normal_(0, 1.0)
-    mlm.save_pretrained(tmp / "mlm")
-    BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True).save_pretrained(tmp / "mlm")
-    st = SparseEncoder(modules=[MLMTransformer(str(tmp / "mlm")), SpladePooling("max")], device="cpu")
-    st.save(str(tmp / "splade"))
-    return str(tmp / "splade"), st
+    return make_splade_model(tmp_path_factory.mktemp("splade"))
 
 
 @pytest.fixture(scope="module")
