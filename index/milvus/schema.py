@@ -26,6 +26,13 @@
     follows from the manifest's ``companion_pooler`` (such a manifest has ``format_version`` 2,
     which an embedpool that knows no companions refuses to open).
 
+Full text (layout 2 still: a collection made without it reads the same): where the spec has an
+analyzer and the server has full-text search (:func:`supports_full_text`), the document rows'
+``text`` field is analyzed (:func:`index.lexical.milvus_analyzer`) and a BM25 function fills the
+sparse vector field ``sparse`` from it -- Milvus' own BM25; the manifest records
+``milvus_full_text``. Metadata is the user's JSON plus, for its ISO date strings, their instants
+under ``_embedpool_dates`` (what date-range filters compare; :func:`index.filters.milvus_metadata`).
+
 Why base64 in VARCHAR: Milvus Lite 3.2 has no BINARY_VECTOR or bytes field (its error lists BOOL,
 INT*, FLOAT, DOUBLE, VARCHAR, JSON, ARRAY, GEOMETRY, TIMESTAMPTZ, FLOAT_VECTOR,
 SPARSE_FLOAT_VECTOR), and a VARCHAR must be valid UTF-8 (raw bytes as latin-1 characters were
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..lexical import milvus_analyzer, parse_analyzer
 from ..spec import CollectionSpec
 from .mapping import metric, milvus_index, vector_factory
 
@@ -52,6 +60,7 @@ ELEMENT_CHARS = 65_532  # base64 characters per ARRAY element: <= 65,535 and a m
 ROW_ELEMENTS = 16
 FETCH_DOCS = 128  # first parts per fetch query: <= 128 rows of <= ~1 MB
 TOKENS_SUFFIX = "__tokens"
+SPARSE_FIELD = "sparse"  # BM25 vectors of the text (full text)
 COMPANION_SUFFIX = "__companion"
 
 
@@ -106,9 +115,26 @@ def _index(client: Any, field: str, spec: CollectionSpec) -> Any:
     return index_params
 
 
-def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
-    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec``."""
-    from pymilvus import DataType
+def supports_full_text(client: Any) -> bool:
+    """Whether the Milvus behind ``client`` has full-text search (BM25 functions): Milvus Lite,
+    and servers from 2.5 on."""
+    try:
+        version = str(client.get_server_version())
+    except Exception:  # an old server without the call has no full text either
+        return False
+    if "lite" in version:
+        return True
+    parts = version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 5)
+    except (ValueError, IndexError):
+        return False
+
+
+def schema(client: Any, spec: CollectionSpec, full_text: bool = False) -> tuple[Any, Any]:
+    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec`` (with
+    ``full_text``: the analyzed text, its BM25 sparse vectors and their index)."""
+    from pymilvus import DataType, Function, FunctionType
 
     sch = client.create_schema(auto_id=False, enable_dynamic_field=False)
     if spec.kind == "multi":
@@ -124,13 +150,25 @@ def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
         sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         sch.add_field("seq", DataType.INT64)
         sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-    sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
+    analyzer = parse_analyzer(spec.analyzer) if full_text else None
+    if analyzer is None:
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
+    else:
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True, enable_analyzer=True,
+                      analyzer_params=milvus_analyzer(analyzer))
     sch.add_field("metadata", DataType.JSON, nullable=True)
+    if analyzer is not None:
+        sch.add_field(SPARSE_FIELD, DataType.SPARSE_FLOAT_VECTOR)
+        sch.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
+                                  output_field_names=[SPARSE_FIELD]))
     if spec.kind != "multi":
-        return sch, _index(client, "vector", spec)
-    index_params = client.prepare_index_params()
-    index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
-    index_params.add_index(field_name="doc_id", index_type="INVERTED")
+        index_params = _index(client, "vector", spec)
+    else:
+        index_params = client.prepare_index_params()
+        index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
+        index_params.add_index(field_name="doc_id", index_type="INVERTED")
+    if analyzer is not None:
+        index_params.add_index(field_name=SPARSE_FIELD, index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
     return sch, index_params
 
 
