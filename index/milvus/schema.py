@@ -2,6 +2,11 @@
 
 * single: one row per document -- ``id`` (VARCHAR primary key = external id), ``seq`` (insertion
   order), ``vector``, ``text`` (nullable), ``metadata`` (nullable JSON).
+* on a Milvus without nullable fields (servers before 2.5, :mod:`.versions`), ``text`` and
+  ``metadata`` are not nullable: a missing one is stored as ``""`` / ``{}`` and one more field,
+  ``nulls`` (INT8), has bit 1 set for a missing text and bit 2 for missing metadata
+  (:func:`with_stand_ins`, :func:`text_and_metadata`). Which of the two a collection uses is read
+  from its fields when it is opened, so a collection moves with its data to any server version.
 * multi, two Milvus collections:
 
   - the document rows (the collection that carries the manifest): one row per document with its
@@ -27,11 +32,12 @@
     which an embedpool that knows no companions refuses to open).
 
 Full text (layout 2 still: a collection made without it reads the same): where the spec has an
-analyzer and the server has full-text search (:func:`supports_full_text`), the document rows'
-``text`` field is analyzed (:func:`index.lexical.milvus_analyzer`) and a BM25 function fills the
-sparse vector field ``sparse`` from it -- Milvus' own BM25; the manifest records
-``milvus_full_text``. Metadata is the user's JSON plus, for its ISO date strings, their instants
-under ``_embedpool_dates`` (what date-range filters compare; :func:`index.filters.milvus_metadata`).
+analyzer and the server has full-text search (``MilvusFeatures.full_text``: Milvus 2.5+, Milvus
+Lite), the document rows' ``text`` field is analyzed (:func:`index.lexical.milvus_analyzer`) and
+a BM25 function fills the sparse vector field ``sparse`` from it -- Milvus' own BM25; the
+manifest records ``milvus_full_text``. Metadata is the user's JSON plus, for its ISO date
+strings, their instants under ``_embedpool_dates`` (what date-range filters compare;
+:func:`index.filters.milvus_metadata`), which :func:`text_and_metadata` takes out again.
 
 Why base64 in VARCHAR: Milvus Lite 3.2 has no BINARY_VECTOR or bytes field (its error lists BOOL,
 INT*, FLOAT, DOUBLE, VARCHAR, JSON, ARRAY, GEOMETRY, TIMESTAMPTZ, FLOAT_VECTOR,
@@ -47,9 +53,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..filters import user_metadata
 from ..lexical import milvus_analyzer, parse_analyzer
 from ..spec import CollectionSpec
 from .mapping import metric, milvus_index, vector_factory
+from .versions import MilvusFeatures
 
 MAX_ID_BYTES = 512
 MAX_TEXT_BYTES = 65_535
@@ -62,6 +70,8 @@ FETCH_DOCS = 128  # first parts per fetch query: <= 128 rows of <= ~1 MB
 TOKENS_SUFFIX = "__tokens"
 SPARSE_FIELD = "sparse"  # BM25 vectors of the text (full text)
 COMPANION_SUFFIX = "__companion"
+NULLS = "nulls"  # without nullable fields: bit 1 = no text, bit 2 = no metadata
+_NO_TEXT, _NO_METADATA = 1, 2
 
 
 def tokens_name(mname: str) -> str:
@@ -105,8 +115,24 @@ def layout_record() -> dict[str, int]:
     return {"version": LAYOUT, "element_chars": ELEMENT_CHARS, "row_elements": ROW_ELEMENTS}
 
 
-def _index(client: Any, field: str, spec: CollectionSpec) -> Any:
+def with_stand_ins(row: dict) -> dict:
+    """``row`` for a collection without nullable fields: a missing text or metadata becomes
+    ``""`` / ``{}`` and ``nulls`` says which were missing."""
+    text, meta = row.get("text"), row.get("metadata")
+    return {**row, "text": "" if text is None else text, "metadata": {} if meta is None else meta,
+            NULLS: (_NO_TEXT if text is None else 0) | (_NO_METADATA if meta is None else 0)}
+
+
+def text_and_metadata(row: dict) -> tuple[str | None, Any]:
+    """``(text, metadata)`` of a row read with its ``nulls`` field (if the collection has one)."""
+    nulls = row.get(NULLS) or 0
+    return (None if nulls & _NO_TEXT else row.get("text"),
+            None if nulls & _NO_METADATA else user_metadata(row.get("metadata")))
+
+
+def _index(client: Any, field: str, spec: CollectionSpec, features: MilvusFeatures) -> Any:
     index_type, params, _ = milvus_index(vector_factory(spec))
+    features.check_index_type(index_type, "factory" if spec.kind == "single" else "token_factory")
     index_params = client.prepare_index_params()
     # pymilvus 3 sends build parameters as flat key/values, Milvus Lite 3.2 reads only the legacy
     # "params" JSON key (servers read both): send both
@@ -115,25 +141,16 @@ def _index(client: Any, field: str, spec: CollectionSpec) -> Any:
     return index_params
 
 
-def supports_full_text(client: Any) -> bool:
-    """Whether the Milvus behind ``client`` has full-text search (BM25 functions): Milvus Lite,
-    and servers from 2.5 on."""
-    try:
-        version = str(client.get_server_version())
-    except Exception:  # an old server without the call has no full text either
-        return False
-    if "lite" in version:
-        return True
-    parts = version.lstrip("v").split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) >= (2, 5)
-    except (ValueError, IndexError):
-        return False
+def full_text(spec: CollectionSpec, features: MilvusFeatures) -> bool:
+    """A collection of ``spec`` made on a Milvus with ``features`` has Milvus' BM25 (its text
+    analyzed, a BM25 function, the ``sparse`` field)."""
+    return spec.lexical and features.full_text
 
 
-def schema(client: Any, spec: CollectionSpec, full_text: bool = False) -> tuple[Any, Any]:
-    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec`` (with
-    ``full_text``: the analyzed text, its BM25 sparse vectors and their index)."""
+def schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple[Any, Any]:
+    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec`` on a
+    Milvus with ``features`` (with :func:`full_text`: the analyzed text, its BM25 sparse vectors
+    and their index)."""
     from pymilvus import DataType, Function, FunctionType
 
     sch = client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -150,29 +167,31 @@ def schema(client: Any, spec: CollectionSpec, full_text: bool = False) -> tuple[
         sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         sch.add_field("seq", DataType.INT64)
         sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-    analyzer = parse_analyzer(spec.analyzer) if full_text else None
-    if analyzer is None:
-        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
-    else:
-        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True, enable_analyzer=True,
-                      analyzer_params=milvus_analyzer(analyzer))
-    sch.add_field("metadata", DataType.JSON, nullable=True)
-    if analyzer is not None:
+    analyzed = ({"enable_analyzer": True, "analyzer_params": milvus_analyzer(parse_analyzer(spec.analyzer))}
+                if full_text(spec, features) else {})
+    if features.nullable:
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True, **analyzed)
+        sch.add_field("metadata", DataType.JSON, nullable=True)
+    else:  # never `nullable=True` there: 2.3 and 2.4 accept it and drop it silently
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, **analyzed)
+        sch.add_field("metadata", DataType.JSON)
+        sch.add_field(NULLS, DataType.INT8)
+    if analyzed:
         sch.add_field(SPARSE_FIELD, DataType.SPARSE_FLOAT_VECTOR)
         sch.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
                                   output_field_names=[SPARSE_FIELD]))
     if spec.kind != "multi":
-        index_params = _index(client, "vector", spec)
+        index_params = _index(client, "vector", spec, features)
     else:
         index_params = client.prepare_index_params()
         index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
-        index_params.add_index(field_name="doc_id", index_type="INVERTED")
-    if analyzer is not None:
+        index_params.add_index(field_name="doc_id", index_type=features.scalar_index)
+    if analyzed:
         index_params.add_index(field_name=SPARSE_FIELD, index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
     return sch, index_params
 
 
-def vector_rows_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
+def vector_rows_schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple[Any, Any]:
     """``(schema, index params)`` of rows of one vector each (:func:`vector_rows`: token rows,
     companion rows), ``spec.dim`` wide, indexed by :func:`.mapping.vector_factory` of ``spec``."""
     from pymilvus import DataType
@@ -181,4 +200,4 @@ def vector_rows_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
     sch.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES + 12)
     sch.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
     sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-    return sch, _index(client, "vector", spec)
+    return sch, _index(client, "vector", spec, features)
