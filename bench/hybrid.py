@@ -10,7 +10,14 @@ and the p50 latency of one query's search (and of its encoding).
            tokens per document, 100 queries): mean, tokens:window=true,
            cluster:pool_factor=2,window=true; exhaustive; BM25; hybrid of each.
 
-    flock /work/locks/cpu.lock .venv/bin/python bench/hybrid.py [scifact|long] [--fusion score --weight 0.3]
+  cached   SciFact test from the embedding cache of bench/scifact_data.py (what
+           ``bench/million.py encode`` fills: ``mean`` and ``cluster:pool_factor=16`` documents,
+           ``tokens`` and ``mean`` queries), so nothing is encoded: BM25, mean,
+           cluster:pool_factor=16 exhaustive and two_stage, and hybrid of each with BM25 (RRF and
+           score fusion), through the collections' own search (``open_collection``, ``add``,
+           ``search``) and ranx; the query-encoding time is not part of these latencies.
+
+    flock /work/locks/cpu.lock .venv/bin/python bench/hybrid.py [scifact|long|cached] [--fusion score --weight 0.3]
 
 Writes ``bench/results/hybrid_<suite>.json`` (+ ``.md``) and prints the table that
 docs/evaluation.md carries. Collections are kept under ``--work`` (a rerun resumes indexing).
@@ -47,17 +54,95 @@ def table(report: dict) -> str:
     for r in report["results"]:
         lines.append(f"| `{r['label']}` | {f(r['ndcg@10'])} | {fp(r.get('p_value'))} | {fp(r.get('p_vs_vector'))} | "
                      f"{fp(r.get('p_vs_bm25'))} | {f(r.get('search_p50_ms'), 1)} | {f(r.get('query_encode_single_ms'), 1)} |")
+    # (query encode ms: empty where nothing was encoded -- BM25, and the cached suite)
     return "\n".join(lines)
+
+
+def cached(args) -> int:
+    """The ``cached`` suite (module docstring)."""
+    import statistics
+    import tempfile
+
+    import numpy as np
+    from scale import machine
+    from scifact_data import EmbeddingCache, load_scifact, scifact_queries
+
+    from embedpool.app.evaluation import score_runs
+    from embedpool.index import CollectionSpec, open_collection
+
+    sf = load_scifact(None)
+    cache = EmbeddingCache()
+    pooler = "cluster:pool_factor=16"
+    docs = cache.embed("scifact", sf.doc_ids, sf.doc_texts, (pooler, "mean"), "document")
+    q = scifact_queries(sf, cache)
+    qrels = sf.qrels
+    qids, texts = sf.query_ids, sf.query_texts
+    q_mean, q_tok = np.stack(q["mean"]).astype(np.float32), [np.asarray(t, np.float32) for t in q["tokens"]]
+    runs, lat = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        single = open_collection(tmp, "mean", CollectionSpec(kind="single", model="m", pooler="mean", dim=384))
+        single.add(sf.doc_ids, np.stack(docs["mean"]).astype(np.float32), texts=sf.doc_texts)
+        single.commit()
+        multi = open_collection(tmp, "c16", CollectionSpec(kind="multi", model="m", pooler=pooler, dim=384,
+                                                          companion_pooler="mean", companion_dim=384))
+        multi.add(sf.doc_ids, [np.asarray(d, np.float32) for d in docs[pooler]], texts=sf.doc_texts,
+                  companion=np.stack(docs["mean"]).astype(np.float32))
+        multi.commit()
+        rows = {"bm25": (single, None, "bm25", {})}
+        for label, coll, vq, mode in (("mean", single, q_mean, "exhaustive"),
+                                      (f"{pooler} [exhaustive]", multi, q_tok, "exhaustive"),
+                                      (f"{pooler} [two_stage]", multi, q_tok, "two_stage")):
+            rows[label] = (coll, vq, mode, {})
+            for fusion, w in (("rrf", 0.5), ("score", 0.5)):
+                rows[f"{label.split(' [')[0]} [hybrid {mode} {fusion}]"] = (
+                    coll, vq, "hybrid", {"vector_mode": mode, "fusion": fusion, "weight": w, "vector": label})
+
+        def search(coll, vq, mode, opts, i):
+            kw = {k: v for k, v in opts.items() if k != "vector"}
+            qv = None if vq is None else (vq[i:i + 1] if coll.spec.kind == "single" else [vq[i]])
+            return coll.search(qv, k=100, mode=mode, texts=[texts[i]], candidates=100,
+                               companion_queries=q_mean[i:i + 1] if coll.spec.kind == "multi" else None, **kw)[0]
+
+        for label, (coll, vq, mode, opts) in rows.items():
+            times, run = [], {}
+            for i, qid in enumerate(qids):
+                t = time.perf_counter()
+                hits = search(coll, vq, mode, opts, i)
+                times.append(time.perf_counter() - t)
+                run[qid] = {h.id: float(h.score) for h in hits}
+            runs[label], lat[label] = run, 1000 * statistics.median(times)
+            print(f"{label}: p50 {lat[label]:.1f} ms", flush=True)
+        single.close()
+        multi.close()
+    scores = score_runs(qrels, runs, baseline="mean")
+    results = []
+    for label, (_, _, mode, opts) in rows.items():
+        r = {"label": label, "ndcg@10": scores[label]["metrics"]["ndcg@10"], "search_p50_ms": lat[label],
+             "p_value": scores[label]["p_values"].get("ndcg@10")}
+        for key, other in (("p_vs_vector", opts.get("vector")), ("p_vs_bm25", "bm25" if mode == "hybrid" else None)):
+            if other:
+                pair = score_runs(qrels, {other: runs[other], label: runs[label]}, baseline=other, metrics=("ndcg@10",))
+                r[key] = pair[label]["p_values"].get("ndcg@10")
+        results.append(r)
+    report = {"suite": "cached", "documents": len(sf.doc_ids), "queries": len(qids), "baseline": "mean",
+              "machine": machine(), "results": results}
+    (RESULTS / "hybrid_cached.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("suites", nargs="*", metavar="SUITE", help=f"any of {', '.join(SUITES)} (default all)")
+    ap.add_argument("suites", nargs="*", metavar="SUITE",
+                    help=f"any of {', '.join(SUITES)} (default all), or cached alone")
     ap.add_argument("--work", default="/tmp/embedpool-bench-hybrid", help="kept collections (resumable)")
     ap.add_argument("--fusion", default="rrf")
     ap.add_argument("--weight", default="0.5")
     ap.add_argument("--latency-queries", default="32")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    if args.suites == ["cached"]:
+        return cached(args)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     sys.path.insert(0, str(ROOT / "bench"))
     from scale import machine

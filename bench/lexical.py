@@ -48,6 +48,8 @@ def _p50(f, queries) -> float:
 
 
 def main() -> int:
+    import argparse
+
     import bm25s
     import Stemmer
 
@@ -55,7 +57,14 @@ def main() -> int:
     from embedpool.index import CollectionSpec, open_collection
     from embedpool.index.lexical import Analyzer
 
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-docs", type=int, help="a slice (a smoke test of this script; writes no results)")
+    args = ap.parse_args()
     data = load_beir(DATA, "test")
+    if args.max_docs:
+        from embedpool.app.datasets import slice_beir
+
+        data = slice_beir(data, args.max_docs, None, 0)
     ids = [r.id for r in data.corpus]
     texts = [r.text for r in data.corpus]
     qids = list(data.qrels)
@@ -148,8 +157,9 @@ def main() -> int:
     from scale import machine  # noqa: E402  (the CPU flags, load average)
 
     out = {"corpus": "scifact test", "documents": len(texts), "queries": len(qids), "machine": machine(), "rows": rows}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    if not args.max_docs:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     print("| implementation | build s | add 1 + commit s | p50 ms/query | nDCG@10 | same commit as vectors |")
     print("|---|---:|---:|---:|---:|---|")
     for name, r in rows.items():

@@ -113,13 +113,18 @@ def date_instant(value: Any) -> float | None:
     return d.timestamp()
 
 
+def _number(v: int | float) -> int | float:
+    """An integer beyond SQLite's 64 bits as the float it is closest to (JSON numbers are)."""
+    return float(v) if isinstance(v, int) and not -(1 << 63) <= v < (1 << 63) else v
+
+
 def _scalar(key: str, op: str, v: Any) -> Scalar:
     if isinstance(v, bool) or isinstance(v, str):
         return v
     if isinstance(v, (int, float)):
         if isinstance(v, float) and not math.isfinite(v):
             raise _bad(f"{key!r}: {op} needs a finite number, got {v!r}")
-        return v
+        return _number(v)
     raise _bad(f"{key!r}: {op} takes a string, number or boolean, got {json.dumps(v)[:80]}"
                + ("; use $exists for null" if v is None else "; use $in for a list" if isinstance(v, list) else ""))
 
@@ -136,7 +141,7 @@ def _bound(key: str, op: str, v: Any) -> tuple[float, bool]:
         return t, True
     if not math.isfinite(v):
         raise _bad(f"{key!r}: {op} needs a finite number, got {v!r}")
-    return v, False
+    return _number(v), False
 
 
 def _key(key: Any) -> str:
@@ -255,7 +260,7 @@ def _typed(v: Scalar) -> tuple[str, Any, str | None]:
         return "n", int(v), None
     if isinstance(v, str):
         return "s", date_instant(v), v
-    return "n", v, None
+    return "n", _number(v), None
 
 
 def _type_of(v: Scalar) -> str:
