@@ -70,7 +70,7 @@ def cached(args) -> int:
     from embedpool.app.evaluation import score_runs
     from embedpool.index import CollectionSpec, open_collection
 
-    sf = load_scifact(None)
+    sf = load_scifact(args.max_docs)
     cache = EmbeddingCache()
     pooler = "cluster:pool_factor=16"
     docs = cache.embed("scifact", sf.doc_ids, sf.doc_texts, (pooler, "mean"), "document")
@@ -126,7 +126,8 @@ def cached(args) -> int:
         results.append(r)
     report = {"suite": "cached", "documents": len(sf.doc_ids), "queries": len(qids), "baseline": "mean",
               "machine": machine(), "results": results}
-    (RESULTS / "hybrid_cached.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not args.max_docs:  # a slice is a smoke test of this script
+        (RESULTS / "hybrid_cached.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     return 0
 
@@ -139,6 +140,7 @@ def main() -> int:
     ap.add_argument("--fusion", default="rrf")
     ap.add_argument("--weight", default="0.5")
     ap.add_argument("--latency-queries", default="32")
+    ap.add_argument("--max-docs", type=int, help="cached: the first N documents only (a smoke test; no results written)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     if args.suites == ["cached"]:

@@ -321,3 +321,22 @@ def test_filters_parse_to_one_tree():
     assert parse_filter(None) is None
     a = parse_filter({"x": 1, "y": {"$lt": 3}})
     assert a == parse_filter('{"x": 1, "y": {"$lt": 3}}') and hash(a) == hash(parse_filter({"x": 1, "y": {"$lt": 3}}))
+
+
+def test_milvus_without_full_text_says_so(milvus_uri):  # noqa: F811
+    """A Milvus server before 2.5 has no BM25 function: its collections are made without one
+    (the manifest says so) and a lexical search is refused, naming the version that has it."""
+    from embedpool.index import open_collection
+    from embedpool.index.milvus.schema import full_text
+    from embedpool.index.milvus.versions import features_of
+
+    assert not full_text(SINGLE, features_of("v2.4.13")) and full_text(SINGLE, features_of("v2.5.0"))
+    assert not full_text(CollectionSpec(**{**SINGLE.to_dict(), "analyzer": "none"}), features_of("v2.6.0"))
+    coll = open_collection("unused", "ft", SINGLE, backend="milvus", milvus_uri=milvus_uri)
+    try:
+        assert coll.manifest["milvus_full_text"] is True  # Milvus Lite has it
+        coll._manifest["milvus_full_text"] = False  # as a collection made on a 2.4 server reads
+        with pytest.raises(InvalidInputError, match="no full-text.*Milvus 2.5 and later"):
+            coll.search(k=3, mode="bm25", texts=["cat"])
+    finally:
+        coll.close()
