@@ -34,6 +34,9 @@ from .spec import CollectionSpec, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 TOKEN_TRAIN_SAMPLE = 100_000
+#: a filter that keeps at least this share of the documents draws two_stage candidates by
+#: skipping the other documents' companion rows; a narrower one by a selector of its rows
+BROAD_FILTER = 0.2
 _ADD_CHUNK = 65_536
 #: token rows quantized at a time by ``add``: the float32 temporaries of quantization stay a few
 #: MB however many documents one call adds
@@ -594,6 +597,10 @@ class MultiStore(VectorStore):
             return self.companion.candidates(x, k)
         if len(ids) <= k:
             return [ids for _ in range(len(x))]
+        if len(ids) >= BROAD_FILTER * self.n_docs:  # most documents match: skip the others' rows
+            ok = np.zeros(max(len(self.loc.seg), int(ids[-1]) + 1), bool)  # indexed by any live id
+            ok[ids] = True
+            return self.companion.candidates(x, k, doc_ok=ok)
         found, pos, rows = self.loc.find(ids)
         counts = np.zeros(len(found), np.int64)
         for p in np.unique(pos).tolist():
