@@ -271,6 +271,13 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
             assert [h.id for h in got] == [i for i, _ in want], fusion
             np.testing.assert_allclose([h.score for h in got], [s for _, s in want], rtol=1e-6)
             assert all(math.isfinite(h.score) for h in got)
+        for mode in ("exhaustive", "two_stage"):  # weight 1 / 0: each side alone, multi-vector too
+            kw = {"vector_mode": mode, "companion_queries": rand_unit(rng, 1, DIM), "candidates": 30}
+            alone = coll.search(qs, k=10, mode=mode, **{k: v for k, v in kw.items() if k != "vector_mode"})
+            assert [h.id for h in coll.search(qs, k=10, mode="hybrid", texts=text, weight=1, **kw)[0]] == \
+                [h.id for h in alone[0]]
+            assert [h.id for h in coll.search(qs, k=10, mode="hybrid", texts=text, weight=0, **kw)[0]] == \
+                [h.id for h in lex[:10]]
         with pytest.raises(InvalidInputError, match="weight"):
             coll.search(qs, mode="hybrid", texts=text, weight=1.5)
         with pytest.raises(InvalidInputError, match="fusion"):
