@@ -23,6 +23,16 @@ def add_candidate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-token", type=int, default=32, help="tokens mode: ANN neighbours per query token")
 
 
+def add_fusion_args(p: argparse.ArgumentParser) -> None:
+    """Hybrid search: ``--fusion`` and ``--weight`` (index.fusion)."""
+    from embedpool.index import FUSIONS
+
+    p.add_argument("--fusion", choices=FUSIONS, default="rrf",
+                   help="hybrid: reciprocal rank fusion (rrf, default) or min-max normalized score fusion (score)")
+    p.add_argument("--weight", type=float, default=0.5,
+                   help="hybrid: the vector side's weight, 0 (BM25 only) to 1 (vectors only); default 0.5")
+
+
 def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     """The indexing job's flags (``embedpool index`` and the indexing inside ``embedpool eval``).
     Work is sized in tokens and bytes; the record counts are upper bounds (see
