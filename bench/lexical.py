@@ -59,6 +59,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-docs", type=int, help="a slice (a smoke test of this script; writes no results)")
+    ap.add_argument("--scale", type=int, nargs="*", default=[4, 16],
+                    help="also time one query on the corpus repeated this many times (default 4 16: ~21k, ~83k)")
     args = ap.parse_args()
     data = load_beir(DATA, "test")
     if args.max_docs:
@@ -154,9 +156,31 @@ def main() -> int:
                                "ndcg@10": _ndcg(data.qrels, run), "atomic_with_vectors": False,
                                "scoring": "tantivy BM25 (Lucene idf, k1 1.2, b 0.75); its own commit"}
 
+    # ---- how each query's cost grows with the corpus: SciFact repeated (FTS5 scores every
+    # document that shares a query term; bm25s multiplies a sparse matrix)
+    scaling = {}
+    for times in args.scale:
+        big_ids = [f"{i}~{r}" for r in range(times) for i in ids]
+        big_texts = texts * times
+        with tempfile.TemporaryDirectory() as tmp:
+            coll = open_collection(tmp, "lex", spec)
+            for a in range(0, len(big_ids), 20_000):
+                coll.add(big_ids[a:a + 20_000], np.ones((len(big_ids[a:a + 20_000]), 2), np.float32),
+                         texts=big_texts[a:a + 20_000])
+            coll.commit()
+            fts = _p50(lambda q: coll.search(k=10, mode="bm25", texts=[q]), qtexts[:50])
+            coll.close()
+        ret = bm25s.BM25(method="robertson", k1=1.2, b=0.75)
+        ret.index(bm25s.tokenize(big_texts, stopwords="en", stemmer=stem, show_progress=False), show_progress=False)
+        b25 = _p50(lambda q: ret.retrieve(bm25s.tokenize([q], stopwords="en", stemmer=stem, show_progress=False),
+                                          k=10, show_progress=False, n_threads=1), qtexts[:50])
+        scaling[len(big_ids)] = {"fts5_p50_ms": fts, "bm25s_p50_ms": b25}
+        print(f"{len(big_ids):,} documents: FTS5 p50 {fts:.1f} ms, bm25s p50 {b25:.2f} ms", file=sys.stderr)
+
     from scale import machine  # noqa: E402  (the CPU flags, load average)
 
-    out = {"corpus": "scifact test", "documents": len(texts), "queries": len(qids), "machine": machine(), "rows": rows}
+    out = {"corpus": "scifact test", "documents": len(texts), "queries": len(qids), "machine": machine(), "rows": rows,
+           "scaling": scaling}
     if not args.max_docs:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
@@ -168,6 +192,10 @@ def main() -> int:
             continue
         print(f"| {name} | {r['build_s']:.2f} | {r['add_one_commit_s']:.3f} | {r['p50_ms']:.2f} | "
               f"{r['ndcg@10']:.4f} | {'yes' if r['atomic_with_vectors'] else 'no'} |")
+    if scaling:
+        print("\n| documents (SciFact repeated) | FTS5 p50 ms | bm25s p50 ms |\n|---:|---:|---:|")
+        for n, r in scaling.items():
+            print(f"| {n:,} | {r['fts5_p50_ms']:.1f} | {r['bm25s_p50_ms']:.2f} |")
     return 0
 
 

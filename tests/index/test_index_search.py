@@ -15,7 +15,7 @@ from index_testutil import naive_maxsim, rand_docs, rand_unit
 from test_index_contract import _open, milvus_uri, where  # noqa: F401  (fixtures)
 
 DIM = 8
-N = 2000
+N = 1000
 SINGLE = CollectionSpec(kind="single", model="m", pooler="mean", dim=DIM)
 MULTI = CollectionSpec(kind="multi", model="m", pooler="tokens", dim=DIM, token_factory="HNSW32",
                        companion_pooler="mean", companion_dim=DIM, companion_rows="window")
