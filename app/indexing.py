@@ -241,7 +241,8 @@ class IndexJob:
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
         dim = self.embedder.output_dim(t.spec, self.dimensions)
-        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
+        normalized = self.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
+        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
                       encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
         if t.multi:
             comp = {} if t.companion is None else dict(

@@ -65,6 +65,8 @@ def collection_embedding(spec: CollectionSpec, model_dim: int, role: str = "quer
     of ``spec`` on a model of ``model_dim`` dimensions (a smaller ``spec.dim`` is a Matryoshka
     truncation; a pooler with a size of its own, ``fde``, is never truncated)."""
     own = own_dim(spec.pooler, model_dim) if spec.pooler else None
+    if own is None and spec.pooler and build_pooler(spec.pooler).sparse:  # splade: the vocabulary's size
+        own = spec.dim
     if own is not None:
         if own != spec.dim:
             raise RetrievalError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "

@@ -120,9 +120,15 @@ class Usage(BaseModel):
     tokens: int = Field(..., description="tokens of the inputs (after truncation), special tokens included")
 
 
-Embeddings = Annotated[list[Vector] | list[list[Vector]] | list[str], Field(
+class SparseEmbedding(BaseModel):
+    indices: list[int] = Field(..., description="vocabulary ids of the non-zero weights, ascending")
+    values: list[float] = Field(..., description="their weights")
+
+
+Embeddings = Annotated[list[Vector] | list[list[Vector]] | list[str] | list[SparseEmbedding], Field(
     description="per input: a vector (single-vector poolers) or a list of vectors (multi-vector), as numbers, "
-                "or with `encoding_format: base64` one base64 string")]
+                "or with `encoding_format: base64` one base64 string; a sparse pooler (`splade`) gives "
+                "`{indices, values}`")]
 
 
 class EmbedResponse(BaseModel):
@@ -292,6 +298,20 @@ class TEIEmbedRequest(TEIRequest):
                                                                  "(0 is TEI's 422)")
     pooler: PoolerSpec | None = Field(None, description="embedpool extension: a single-vector pooler (default: "
                                                         "the server's)")
+
+
+class TEIEmbedSparseRequest(TEIRequest):
+    inputs: TEIInputs
+    truncate: TEITruncate = None
+    truncation_direction: TEITruncationDirection = "right"
+    prompt_name: TEIPromptName = None
+    pooler: PoolerSpec | None = Field(None, description="embedpool extension: a sparse pooler (default `splade`, "
+                                                        "e.g. `splade:top_k=64`)")
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
 
 
 class TEIEmbedAllRequest(TEIRequest):
