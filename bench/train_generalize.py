@@ -130,14 +130,37 @@ def run_eval(data_flag: list[str], poolers: list[str], baseline: str) -> dict:
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from scipy.stats import ttest_rel
-
     variants = [v for v in VARIANTS if v in args.variants]
     assert "attention" in variants, "the attention heads are the comparison"
     heads = [(t, v, s) for s in args.seeds for t in TRAIN for v in variants]
     specs = ["mean", *[spec(*h) for h in heads]]
     selection = ["tokens", "reinpool"] if "reinpool" in variants else []  # MaxSim, and mean of the same vectors
     scores: dict[tuple, dict] = {}  # (trained_on, variant, seed, evaluated_on) -> {score, p_mean, p_attention}
+    mean_scores, sf, st, kept = {}, None, None, None
+    if "scifact" in args.sets:
+        sf, kept = _eval_scifact(args, variants, heads, specs, selection, scores, mean_scores)
+    if "stsb" in args.sets:
+        st = _eval_stsb(args, variants, heads, specs, scores, mean_scores)
+    trainings = json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else []
+    table = summarize(scores, mean_scores, args.seeds, variants, trainings, args.sets)
+    args.out.write_text(json.dumps({
+        "cpu": machine(), "encoder_precision": (sf or st)["encoder_precision"], "seeds": list(args.seeds),
+        "anchor": ANCHOR, "stsb_train_args": args.stsb_args, "mean": mean_scores,
+        "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
+        "stsb_test": st["stat_test"] if st else None, "summary": table,
+        "runs": [{"trained_on": t, "variant": v, "seed": s, "evaluated_on": e, **r}
+                 for (t, v, s, e), r in scores.items()],
+        "trainings": trainings or None, "selection": kept,
+    }, indent=2))
+    print_table(table, mean_scores)
+    if kept:
+        print(json.dumps(kept, indent=2))
+
+
+def _eval_scifact(args, variants, heads, specs, selection, scores, mean_scores) -> tuple[dict, dict | None]:
+    """SciFact test: one run of every head (and of `tokens` and untrained `reinpool`)."""
+    from scipy.stats import ttest_rel
+
     sf = run_eval(["--data", SCIFACT], specs + selection, "mean")
     by_label = {r["label"]: r for r in sf["results"]}
     per_query = sf["per_query"]
@@ -149,7 +172,18 @@ def evaluate(args: argparse.Namespace) -> None:
         p_att = None if label == att or x == y else float(ttest_rel(x, y).pvalue)
         scores[(t, v, s, "scifact")] = {"score": by_label[label]["ndcg@10"], "p_mean": by_label[label]["p_value"],
                                         "p_attention": p_att}
-    mean_scores = {"scifact": by_label["mean"]["ndcg@10"]}
+    mean_scores["scifact"] = by_label["mean"]["ndcg@10"]
+    kept = None
+    if selection:
+        maxsim, same = by_label["tokens [exhaustive]"]["ndcg@10"], by_label["reinpool"]["ndcg@10"]
+        kept = {"tokens_maxsim": maxsim, "mean_of_token_vectors": same, "mean_of_token_vectors_share": same / maxsim,
+                **{f"reinpool_{t}_s{s}_share": scores[(t, "reinpool", s, "scifact")]["score"] / maxsim
+                   for t in TRAIN for s in args.seeds}}
+    return sf, kept
+
+
+def _eval_stsb(args, variants, heads, specs, scores, mean_scores) -> dict:
+    """STS-B test: one run of every head against mean, one per seed and training set against its attention head."""
     st = run_eval(["--sts", STSB], specs, "mean")
     st_rows = {r["label"]: r for r in st["results"]}
     mean_scores["stsb"] = st_rows["mean"]["spearman"]
@@ -165,32 +199,15 @@ def evaluate(args: argparse.Namespace) -> None:
             for v in variants:
                 if v != "attention":
                     scores[(t, v, s, "stsb")]["p_attention"] = rows[spec(t, v, s)]["p_value"]
-    trainings = json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else []
-    table = summarize(scores, mean_scores, args.seeds, variants, trainings)
-    kept = None
-    if selection:
-        maxsim, same = by_label["tokens [exhaustive]"]["ndcg@10"], by_label["reinpool"]["ndcg@10"]
-        kept = {"tokens_maxsim": maxsim, "mean_of_token_vectors": same, "mean_of_token_vectors_share": same / maxsim,
-                **{f"reinpool_{t}_s{s}_share": scores[(t, "reinpool", s, "scifact")]["score"] / maxsim
-                   for t in TRAIN for s in args.seeds}}
-    args.out.write_text(json.dumps({
-        "cpu": machine(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
-        "mean": mean_scores, "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
-        "stsb_test": st["stat_test"], "summary": table,
-        "runs": [{"trained_on": t, "variant": v, "seed": s, "evaluated_on": e, **r}
-                 for (t, v, s, e), r in scores.items()],
-        "trainings": trainings or None, "selection": kept,
-    }, indent=2))
-    print_table(table, mean_scores)
-    if kept:
-        print(json.dumps(kept, indent=2))
+    return st
 
 
-def summarize(scores: dict, mean_scores: dict, seeds, variants, trainings: list[dict] = ()) -> list[dict]:
+def summarize(scores: dict, mean_scores: dict, seeds, variants, trainings: list[dict] = (),
+              sets=tuple(TRAIN)) -> list[dict]:
     made = {(r["trained_on"], r["variant"], r["seed"]): r for r in trainings}
     out = []
     for t in TRAIN:
-        for e in ("scifact", "stsb"):
+        for e in (x for x in ("scifact", "stsb") if x in sets):
             for v in variants:
                 runs = [scores[(t, v, s, e)] for s in seeds]
                 vals = [r["score"] for r in runs]
@@ -204,7 +221,8 @@ def summarize(scores: dict, mean_scores: dict, seeds, variants, trainings: list[
                 out.append({"trained_on": t, "evaluated_on": e, "in_domain": t == e, "variant": v,
                             "train_seconds_mean": statistics.mean(secs) if secs else None,
                             "trainable_parameters": params.pop() if len(params) == 1 else None,
-                            "mean_of_seeds": statistics.mean(vals), "std_of_seeds": statistics.stdev(vals),
+                            "mean_of_seeds": statistics.mean(vals),
+                            "std_of_seeds": statistics.stdev(vals) if len(vals) > 1 else 0.0,
                             "scores": vals, "p_vs_mean": p_mean, "p_vs_attention": p_att,
                             "seeds_significant_gain": sum(gains), "seeds_significant_loss": sum(loses)})
     return out
@@ -217,7 +235,8 @@ def _p(ps: list) -> str:
 def print_table(table: list[dict], mean_scores: dict) -> None:
     print("| trained on | scored on | head | mean ± std (3 seeds) | vs mean (`mean` = %s / %s) | p vs mean (per seed) | "
           "p vs attention (per seed) | seeds with a significant gain / loss vs mean | trainable parameters | "
-          "training s (mean of seeds) |" % (f"{mean_scores['scifact']:.4f}", f"{mean_scores['stsb']:.4f}"))
+          "training s (mean of seeds) |" % tuple(f"{mean_scores[k]:.4f}" if k in mean_scores else "—"
+                                                  for k in ("scifact", "stsb")))
     print("|---|---|---|---:|---:|---|---|---|---:|---:|")
     for r in table:
         delta = 100 * (r["mean_of_seeds"] - mean_scores[r["evaluated_on"]])
@@ -278,7 +297,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["sweep", "train", "eval", "table", "stress"])
     ap.add_argument("--max-docs", type=int, default=1000, help="stress: the SciFact test slice's documents")
-    ap.add_argument("--sets", nargs="+", default=list(TRAIN), choices=list(TRAIN), help="train/stress: these sets")
+    ap.add_argument("--sets", nargs="+", default=list(TRAIN), choices=list(TRAIN),
+                    help="train / stress: these sets; eval: scored on these sets")
     ap.add_argument("--stsb-args", default="", help="train: extra train-pooler flags for STS-B (e.g. '--epochs 4')")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
