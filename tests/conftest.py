@@ -72,3 +72,16 @@ def varied_texts(scifact_docs, data_dir) -> list[str]:
     special = ["", " ", "a", "ünïcödé ☃ naïve café", "日本語のテキストです。", "emoji 🙂🚀 mix",
                "Ελληνικά κείμενα", "UPPER lower MiXeD 12345", "tabs\tand\nnewlines", "x " * 400]
     return sts + scifact_docs[:24] + special
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory):
+    """A real Milvus standalone server (2.3, ``make milvus-server``) for the session, started on
+    first use; tests that stop or kill it start it again before they end."""
+    from milvus_server import MilvusServer
+
+    srv = MilvusServer(tmp_path_factory.mktemp("milvus-server")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
