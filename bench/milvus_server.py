@@ -1,7 +1,7 @@
 """embedpool over HTTP on a real Milvus server (PyPI's ``milvus`` 2.3, ``make milvus-server``)
 next to FAISS and Milvus Lite, in one run (issue 35).
 
-1. A real Milvus standalone server starts (tests/milvus_server.py: its own data folder, a free port).
+1. A real Milvus standalone server starts (tests/milvus_testutil.py: its own data folder, a free port).
 2. ``IndexJob`` indexes the SciFact corpus into it with ``mean`` and ``cluster:pool_factor=4``
    (one forward pass for both; the cluster collection keeps its mean companion rows): the job's
    docs/s, embedding included, and the server's peak RSS while it ran (sampled every 0.2 s).
@@ -41,7 +41,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
 
-from milvus_server import MilvusServer, free_port  # noqa: E402
+from milvus_testutil import MilvusServer, free_port  # noqa: E402
 from scale import machine  # noqa: E402
 
 POOLERS = ["mean", "cluster:pool_factor=4"]

@@ -78,7 +78,7 @@ def varied_texts(scifact_docs, data_dir) -> list[str]:
 def milvus_server(tmp_path_factory):
     """A real Milvus standalone server (2.3, ``make milvus-server``) for the session, started on
     first use; tests that stop or kill it start it again before they end."""
-    from milvus_server import MilvusServer
+    from milvus_testutil import MilvusServer
 
     srv = MilvusServer(tmp_path_factory.mktemp("milvus-server")).start()
     try:

@@ -1,5 +1,5 @@
 """embedpool against a real Milvus standalone server (PyPI's ``milvus`` 2.3, ``make milvus-server``;
-tests/milvus_server.py starts and stops it), as a deployment runs it: two API replicas and an
+tests/milvus_testutil.py starts and stops it), as a deployment runs it: two API replicas and an
 indexing job on one server, the server SIGKILLed mid-job and restarted, the server down under the
 replicas. Minutes on 2 cores: ``make test-slow``.
 
