@@ -63,7 +63,7 @@ def test_the_base_has_what_the_dockerfile_needs(scratch):
     recipe = _in_store(store, "base_recipe", 60).stdout.strip()
     r = _in_store(store, f"podman_run --rm localhost/embedpool-base:bookworm-{recipe} sh -c "
                          "'python -m venv /tmp/v && /tmp/v/bin/python -m pip --version && "
-                         "python -c \"import ssl; print(ssl.OPENSSL_VERSION)\" && command -v groupadd useradd'", 300)
+                         "python -c \"import ssl; print(ssl.OPENSSL_VERSION)\" && command -v groupadd && command -v useradd'", 300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "pip " in r.stdout and "OpenSSL" in r.stdout and "useradd" in r.stdout
 
