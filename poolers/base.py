@@ -89,7 +89,9 @@ class Pooler(Configurable):
       trained head refuses another encoder);
     - ``plan``: the tokenization plan its token states come from;
     - ``needs_layers``: reads every hidden layer (``TokenStates.layers``), which the encoder then
-      returns from the same forward pass; the other poolers' requests never pay for them.
+      returns from the same forward pass; the other poolers' requests never pay for them;
+    - ``sparse``: gives sparse vocabulary-sized vectors scored by dot product (``splade``): never
+      normalized nor truncated, served as indices and values.
     """
 
     name: ClassVar[str] = ""
@@ -98,6 +100,7 @@ class Pooler(Configurable):
     role_aware: bool = False
     binds_model: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
+    sparse: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -77,6 +77,17 @@ def resolve_model(name_or_path: str | None) -> tuple[str, str]:
     return name_or_path, name_or_path
 
 
+def splade_stack(path: Path) -> bool:
+    """Whether the model folder is a sentence-transformers SparseEncoder whose pooling is SPLADE's
+    max of ``log(1 + ReLU(logits))`` (``SpladePooling`` with its defaults), what ``splade`` computes."""
+    modules = _read_json(path / "modules.json") if (path / "modules.json").is_file() else []
+    for m in modules if isinstance(modules, list) else []:
+        if str(m.get("type", "")).endswith("SpladePooling"):
+            cfg = _read_json(path / m.get("path", "") / "config.json")
+            return cfg.get("pooling_strategy", "max") == "max" and cfg.get("activation_function", "relu") == "relu"
+    return False
+
+
 def pooling_mode_from_config(config: dict) -> str:
     """The pooling a model was trained with, from its ``1_Pooling/config.json``.
 
@@ -221,6 +232,8 @@ class FrozenEncoder:
         self.prompt_names = dict(st.prompts or {})  # every named prompt, empty ones included
         pool_cfg = _read_json(Path(path) / "1_Pooling" / "config.json")
         self.pooling_mode = pooling_mode_from_config(pool_cfg) if pool_cfg else "mean"
+        if splade_stack(Path(path)):  # a sentence-transformers SparseEncoder: MLMTransformer + SpladePooling
+            self.pooling_mode = "splade"
         self.include_prompt = bool(pool_cfg.get("include_prompt", True)) if pool_cfg else True
         self.cls_id = self.tokenizer.cls_token_id
         self.sep_id = self.tokenizer.sep_token_id

@@ -26,13 +26,19 @@ def _cols(report: dict) -> list[tuple[str, str, Callable[[Any], str]]]:
     cols = [("pooler", "pooler", str), ("mode", "mode", lambda x: x or "")]
     if report["task"] == "synthetic_long":
         cols.append(("distractors", "K", str))
+    hybrid = [("p_vs_vector", "p vs its vector row", fp), ("p_vs_bm25", "p vs bm25", fp)] \
+        if any("p_vs_vector" in r for r in report["results"]) else []
     return cols + [("ndcg@10", "nDCG@10", f3), ("recall@100", "R@100", f3), ("mrr@10", "MRR@10", f3),
-                   ("map@100", "MAP@100", f3), ("p_value", "p nDCG (vs " + report["baseline"] + ")", fp),
+                   ("map@100", "MAP@100", f3), ("p_value", "p nDCG (vs " + report["baseline"] + ")", fp), *hybrid,
                    ("vectors_per_doc", "vectors/doc", f1), ("bytes_per_doc", "bytes/doc", fb),
                    ("encode_s", "encode s", f1), ("query_latency_ms", "query ms", f1)]
 
 
 def format_report(report: dict) -> str:
+    if report["task"] == "stress":
+        from embedpool.app.evaluation.stress import format_stress
+
+        return format_stress(report)
     cols = _cols(report)
     rows = [[fmt(r.get(k)) for k, _, fmt in cols] for r in report["results"]]
     head = _headline(report)
@@ -55,6 +61,10 @@ def _headline(report: dict) -> str:
 
 
 def to_markdown(report: dict) -> str:
+    if report["task"] == "stress":
+        from embedpool.app.evaluation.stress import format_stress
+
+        return "<!-- embedpool eval --stress -->\n\n" + format_stress(report, markdown=True) + "\n"
     cols = _cols(report)
     rows = [[f"`{r[k]}`" if k == "pooler" else fmt(r.get(k)) for k, _, fmt in cols] for r in report["results"]]
     lines = ["<!-- embedpool eval -->", "", _headline(report), "",
