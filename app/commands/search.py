@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         embedder = load_embedder(from_args(args, model=_model_of(coll, args)))
         need = companion_name(coll.spec, args.mode, args.collection)
         comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store())) if need else None
-        plan = Search(coll, embedder.dim, k=args.k, mode=args.mode, candidates=args.candidates,
+        plan = Search(coll, embedder.natural_dim, k=args.k, mode=args.mode, candidates=args.candidates,
                       k_token=args.k_token, companion=comp)
         hits = retrieve(embedder, args.query, plan)
     out = sys.stdout

@@ -130,7 +130,7 @@ def _check(poolers: list[str], modes) -> list[str]:
     return modes
 
 
-def _searches(job: IndexJob, variants: list[Variant], model_dim: int, candidates: int,
+def _searches(job: IndexJob, variants: list[Variant], model_dim, candidates: int,
               k_token: int) -> dict[str, Search]:
     return {v.label: Search(job.targets[v.canonical].coll, model_dim, k=DEPTH,
                             mode=v.mode if v.multi else "exhaustive", candidates=candidates, k_token=k_token)
@@ -174,7 +174,7 @@ def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, emb
 def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: QueryVectors, *,
                 candidates: int, k_token: int, latency_queries: int, log) -> tuple[dict, dict, dict]:
     """Embed the queries (what is missing) and search every variant: ``(runs, rows, timings)``."""
-    searches = _searches(job, variants, embedder.dim, candidates, k_token)
+    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token)
     t_q = time.perf_counter()
     queries.ensure(embedder, [e for s in searches.values() for e in s.embeddings()])
     timings = {"queries_s": time.perf_counter() - t_q}

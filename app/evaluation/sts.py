@@ -61,7 +61,7 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
         rows.append({"pooler": labels[s], "mode": None, "label": labels[s], "kind": "multi" if multi else "single",
                      "spearman": float(spearmanr(gold, preds[s]).statistic),
                      "pearson": float(pearsonr(gold, preds[s]).statistic),
-                     "bytes_per_doc": 4.0 * embedder.dim * n_vec / len(sentences),
+                     "bytes_per_doc": 4.0 * embedder.output_dim(s) * n_vec / len(sentences),
                      "vectors_per_doc": n_vec / len(sentences), "encode_s": round(emb.seconds[s], 3)})
     bc = _baseline_spec(embedder, specs, baseline)
     for s, r in zip(specs, rows):

@@ -29,6 +29,7 @@ NON_DEFAULT = {
     "layermean": {"layers": "all", "include_special": False},
     "maxpoolbert": {"layers": "last2"},
     "multilayer": {"queries": 2},
+    "pooling": {"mode": "max+mean"},
 }
 
 

@@ -1,0 +1,67 @@
+"""ColBERT-family models at parity with PyLate: a tiny BERT wrapped and saved by PyLate itself
+(in PyLate's own venv, ``make pylate``: it pins sentence-transformers < 6), loaded by embedpool
+from the folder. ``tokens`` (and ``auto``) must be PyLate's ``encode(is_query=...)`` token by token
+-- the [Q]/[D] prefixes, query expansion with [MASK] up to ``query_length`` (not attended), the
+document skiplist and ``document_length``, the per-token Dense projection, normalization -- and
+``cluster`` PyLate's ``pool_embeddings_hierarchical`` of those vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedpool.errors import InvalidError
+from embedpool.poolers import Embedder, FrozenEncoder
+from family_models import COLBERT, DOCUMENTS, QUERIES
+
+
+@pytest.fixture(scope="module")
+def colbert(colbert_reference):
+    return colbert_reference, Embedder(FrozenEncoder(str(colbert_reference["path"]), precision="fp32"))
+
+
+def _same_tokens(ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape, (i, a.shape, b.shape)
+        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        assert cos.min() >= 0.99999, (i, cos)
+
+
+@pytest.mark.parametrize("spec", ["tokens", "auto"])
+def test_tokens_equal_pylate_encode(colbert, spec):
+    ref, emb = colbert
+    _same_tokens(emb.embed(QUERIES, [spec], role="query").vectors[spec], ref["queries"])
+    _same_tokens(emb.embed(DOCUMENTS, [spec], role="document").vectors[spec], ref["documents"])
+
+
+def test_pylate_layout_is_what_the_texts_exercise(colbert):
+    """Queries are padded (expanded) to query_length, long documents cut at document_length and
+    punctuation skipped: the parity above is not on a degenerate case."""
+    ref, emb = colbert
+    assert {len(q) for q in ref["queries"]} == {COLBERT["query_length"]}
+    doc_rows = emb.encoder.tokenize(DOCUMENTS, role="document")
+    assert max(len(r.ids) for r in doc_rows) == COLBERT["document_length"]
+    assert any(len(v) < len(r.ids) for v, r in zip(ref["documents"], doc_rows))  # skiplist at work
+    query_rows = emb.encoder.tokenize(QUERIES, role="query")
+    assert all(r.expansion is not None and r.expansion.sum() > 0 for r in query_rows[:2])
+
+
+def test_cluster_equals_pylate_token_pooling(colbert):
+    ref, emb = colbert
+    spec = "cluster:pool_factor=2"
+    ours = emb.embed(DOCUMENTS, [spec], role="document", normalize=False).vectors[spec]
+    for i, (a, b) in enumerate(zip(ours, ref["pooled"][2])):
+        assert a.shape == b.shape, (i, a.shape, b.shape)
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=f"document {i}")
+
+
+def test_colbert_dimensions_and_poolers(colbert):
+    _, emb = colbert
+    assert emb.canonical("auto") == "tokens"
+    assert emb.dim == emb.output_dim("tokens") == emb.output_dim("mean") == COLBERT["embedding_size"]
+    # a single vector pools the model's own (projected) token vectors
+    mean = emb.embed(DOCUMENTS[:2], ["mean"]).matrix("mean")
+    assert mean.shape == (2, COLBERT["embedding_size"])
+    with pytest.raises(InvalidError, match="ColBERT"):
+        emb.embed(["x"], ["layermean"])
