@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--data", type=Path, default=encode_bench.DEFAULT_DATA)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--poolers", nargs="+", default=LAYER_POOLERS, metavar="SPEC",
+                    help="the poolers each asked next to mean (default: the layer poolers; any spec, e.g. "
+                         "glot:weights=DIR)")
     args = ap.parse_args(argv)
 
     from embedpool.poolers import Embedder, FrozenEncoder
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     enc = embedder.encoder
     print(f"{args.precision} -> {enc.precision}: {enc.precision_reason}", file=sys.stderr, flush=True)
 
-    kinds = {"mean": ["mean"], **{f"mean+{p}": ["mean", p] for p in LAYER_POOLERS}}
+    kinds = {"mean": ["mean"], **{f"mean+{p}": ["mean", p] for p in args.poolers}}
     systems = {name: (lambda texts, specs=specs: embedder.embed(texts, specs).matrix("mean")) for name, specs in kinds.items()}
     sets = {"scifact_docs": (encode_bench.load_docs(args.data, args.docs), args.chunk_docs),
             "stsb_sentences": (encode_bench.load_sentences(args.data, args.sentences), args.chunk_sentences)}

@@ -12,7 +12,16 @@ Heads (each `embedpool train-pooler` as a user would run it, into bench/.heads/)
 - `multilayer-lr30` (+`anchor`): the layer weights at 30x the learning rate (`--layer-lr 30`);
 - `multilayer+guard` / `attention+guard`: early stopping guarded by the *other* task's non-test
   split (trained on SciFact: STS-B dev; trained on STS-B: SciFact train), so no kept checkpoint
-  scores below mean there.
+  scores below mean there;
+- `glot`, `attnstats`, `reinpool` (issue 32, docs/research-poolers.md): the same settings with
+  `--pooler glot|attnstats|reinpool`; `reinpool` has one policy (shared roles, 4 attention heads)
+  and trains by REINFORCE. With `reinpool` evaluated, the SciFact run also scores `tokens`
+  (exact MaxSim) and untrained `reinpool` (the mean of the same token vectors), for the share of
+  MaxSim's nDCG@10 one vector per document keeps.
+
+`stress` runs `embedpool eval --stress distractors` (STS-B test, and a SciFact test slice with
+distractors in the documents) on `mean`, `cls`, `max` and seed 0 of every head trained on that
+set.
 
 Scoring is `embedpool eval`: one SciFact run with every head (one forward pass serves them all;
 nDCG@10, p by ranx's paired t-test against mean, and scipy's paired t-test on the same per-query
@@ -23,6 +32,10 @@ domain" when no seed loses significantly against mean (p < 0.05 with a lower sco
     .venv/bin/python bench/train_generalize.py sweep    # the anchor weight, on dev splits only
     .venv/bin/python bench/train_generalize.py train [--jobs 2]
     .venv/bin/python bench/train_generalize.py eval     # writes bench/results/train_generalize.json
+    .venv/bin/python bench/train_generalize.py train --variants attention glot attnstats reinpool
+    .venv/bin/python bench/train_generalize.py eval --variants attention glot attnstats reinpool \
+        --out bench/results/research_poolers.json
+    .venv/bin/python bench/train_generalize.py stress --variants attention glot attnstats reinpool
 """
 
 from __future__ import annotations
@@ -65,6 +78,9 @@ VARIANTS = {
     "multilayer+guard": lambda s: ["--pooler", "multilayer", *GUARD[s]],
     "multilayer-lr30": lambda s: ["--pooler", "multilayer", "--layer-lr", "30"],
     "multilayer-lr30+anchor": lambda s: ["--pooler", "multilayer", "--layer-lr", "30", "--anchor", ANCHOR],
+    "glot": lambda s: ["--pooler", "glot"],
+    "attnstats": lambda s: ["--pooler", "attnstats"],
+    "reinpool": lambda s: ["--pooler", "reinpool", "--roles", "shared", "--heads", "4"],
 }
 
 
@@ -73,7 +89,7 @@ def head_dir(trained_on: str, variant: str, seed: int) -> Path:
 
 
 def spec(trained_on: str, variant: str, seed: int) -> str:
-    pooler = "multilayer" if variant.startswith("multilayer") else "attention"
+    pooler = variant.split("+")[0].split("-")[0]
     return f"{pooler}:weights={head_dir(trained_on, variant, seed)}"
 
 
@@ -119,8 +135,9 @@ def evaluate(args: argparse.Namespace) -> None:
     assert "attention" in variants, "the attention heads are the comparison"
     heads = [(t, v, s) for s in args.seeds for t in TRAIN for v in variants]
     specs = ["mean", *[spec(*h) for h in heads]]
+    selection = ["tokens", "reinpool"] if "reinpool" in variants else []  # MaxSim, and mean of the same vectors
     scores: dict[tuple, dict] = {}  # (trained_on, variant, seed, evaluated_on) -> {score, p_mean, p_attention}
-    sf = run_eval(["--data", SCIFACT], specs, "mean")
+    sf = run_eval(["--data", SCIFACT], specs + selection, "mean")
     by_label = {r["label"]: r for r in sf["results"]}
     per_query = sf["per_query"]
     qids = sorted(per_query["mean"])
@@ -147,19 +164,29 @@ def evaluate(args: argparse.Namespace) -> None:
             for v in variants:
                 if v != "attention":
                     scores[(t, v, s, "stsb")]["p_attention"] = rows[spec(t, v, s)]["p_value"]
-    table = summarize(scores, mean_scores, args.seeds, variants)
+    trainings = json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else []
+    table = summarize(scores, mean_scores, args.seeds, variants, trainings)
+    kept = None
+    if selection:
+        maxsim, same = by_label["tokens [exhaustive]"]["ndcg@10"], by_label["reinpool"]["ndcg@10"]
+        kept = {"tokens_maxsim": maxsim, "mean_of_token_vectors": same, "mean_of_token_vectors_share": same / maxsim,
+                **{f"reinpool_{t}_s{s}_share": scores[(t, "reinpool", s, "scifact")]["score"] / maxsim
+                   for t in TRAIN for s in args.seeds}}
     args.out.write_text(json.dumps({
         "cpu": machine(), "encoder_precision": sf["encoder_precision"], "seeds": list(args.seeds), "anchor": ANCHOR,
         "mean": mean_scores, "scifact_test": "nDCG@10, p: ranx paired t-test (vs mean), scipy ttest_rel (vs attention)",
         "stsb_test": st["stat_test"], "summary": table,
         "runs": [{"trained_on": t, "variant": v, "seed": s, "evaluated_on": e, **r}
                  for (t, v, s, e), r in scores.items()],
-        "trainings": json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else None,
+        "trainings": trainings or None, "selection": kept,
     }, indent=2))
     print_table(table, mean_scores)
+    if kept:
+        print(json.dumps(kept, indent=2))
 
 
-def summarize(scores: dict, mean_scores: dict, seeds, variants) -> list[dict]:
+def summarize(scores: dict, mean_scores: dict, seeds, variants, trainings: list[dict] = ()) -> list[dict]:
+    made = {(r["trained_on"], r["variant"], r["seed"]): r for r in trainings}
     out = []
     for t in TRAIN:
         for e in ("scifact", "stsb"):
@@ -170,7 +197,12 @@ def summarize(scores: dict, mean_scores: dict, seeds, variants) -> list[dict]:
                 p_att = [r["p_attention"] for r in runs]
                 loses = [x < mean_scores[e] and p is not None and p < 0.05 for x, p in zip(vals, p_mean)]
                 gains = [x > mean_scores[e] and p is not None and p < 0.05 for x, p in zip(vals, p_mean)]
+                runs_t = [made.get((t, v, s), {}) for s in seeds]
+                secs = [r["train_seconds"] for r in runs_t if "train_seconds" in r]
+                params = {r.get("trainable_parameters") for r in runs_t} - {None}
                 out.append({"trained_on": t, "evaluated_on": e, "in_domain": t == e, "variant": v,
+                            "train_seconds_mean": statistics.mean(secs) if secs else None,
+                            "trainable_parameters": params.pop() if len(params) == 1 else None,
                             "mean_of_seeds": statistics.mean(vals), "std_of_seeds": statistics.stdev(vals),
                             "scores": vals, "p_vs_mean": p_mean, "p_vs_attention": p_att,
                             "seeds_significant_gain": sum(gains), "seeds_significant_loss": sum(loses)})
@@ -183,14 +215,34 @@ def _p(ps: list) -> str:
 
 def print_table(table: list[dict], mean_scores: dict) -> None:
     print("| trained on | scored on | head | mean ± std (3 seeds) | vs mean (`mean` = %s / %s) | p vs mean (per seed) | "
-          "p vs attention (per seed) | seeds with a significant gain / loss vs mean |"
-          % (f"{mean_scores['scifact']:.4f}", f"{mean_scores['stsb']:.4f}"))
-    print("|---|---|---|---:|---:|---|---|---|")
+          "p vs attention (per seed) | seeds with a significant gain / loss vs mean | trainable parameters | "
+          "training s (mean of seeds) |" % (f"{mean_scores['scifact']:.4f}", f"{mean_scores['stsb']:.4f}"))
+    print("|---|---|---|---:|---:|---|---|---|---:|---:|")
     for r in table:
         delta = 100 * (r["mean_of_seeds"] - mean_scores[r["evaluated_on"]])
+        params, secs = r.get("trainable_parameters"), r.get("train_seconds_mean")
         print(f"| {r['trained_on']} | {r['evaluated_on']}{' (in domain)' if r['in_domain'] else ''} | {r['variant']} | "
               f"{r['mean_of_seeds']:.4f} ± {r['std_of_seeds']:.4f} | {delta:+.1f} | {_p(r['p_vs_mean'])} | "
-              f"{_p(r['p_vs_attention'])} | {r['seeds_significant_gain']} / {r['seeds_significant_loss']} |")
+              f"{_p(r['p_vs_attention'])} | {r['seeds_significant_gain']} / {r['seeds_significant_loss']} | "
+              f"{'' if params is None else f'{params:,}'} | {'' if secs is None else f'{secs:.0f}'} |")
+
+
+def stress(args: argparse.Namespace) -> None:
+    """The distractor stress curves: `mean`, `cls`, `max` and seed 0 of every head trained on the set,
+    on STS-B test and on a SciFact test slice (`--max-docs`), distractors in the documents."""
+    runs = {"stsb": ["--sts", STSB], "scifact": ["--data", SCIFACT, "--max-docs", str(args.max_docs)]}
+    out = {}
+    for name, flags in runs.items():
+        specs = ["mean", "cls", "max", *[spec(name, v, args.seeds[0]) for v in args.variants]]
+        path = ROOT / "bench" / "results" / f"stress_{name}.json"
+        cmd = [EMBEDPOOL, "eval", *flags, "--split", "test", *[a for p in specs for a in ("--pooler", p)],
+               "--stress", "distractors", "--stress-side", "documents", "--out", str(path),
+               "--markdown", str(path.with_suffix(".md")), "--plot", str(path.with_suffix(".png")),
+               "--no-progress", "--latency-queries", "0"]
+        print(" ".join(cmd[:6]), f"... {len(specs)} poolers", file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out[name] = json.loads(path.read_text())
+        print(path.with_suffix(".md").read_text())
 
 
 SWEEP = ("0", "2", "10", "30")
@@ -223,7 +275,8 @@ def sweep(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["sweep", "train", "eval", "table"])
+    ap.add_argument("what", choices=["sweep", "train", "eval", "table", "stress"])
+    ap.add_argument("--max-docs", type=int, default=1000, help="stress: the SciFact test slice's documents")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
     ap.add_argument("--out", type=Path, default=OUT, help="eval: the report (default bench/results/train_generalize.json)")
@@ -236,6 +289,8 @@ def main() -> None:
         train(args)
     elif args.what == "eval":
         evaluate(args)
+    elif args.what == "stress":
+        stress(args)
     else:
         saved = json.loads(args.out.read_text())
         print_table(saved["summary"], saved["mean"])

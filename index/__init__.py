@@ -19,6 +19,7 @@ from .backends import (
     list_collections,
     open_collection,
     read_collection_manifest,
+    storage_status,
 )
 from .base import SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit
 from .faiss_backend import FaissCollection
@@ -41,7 +42,7 @@ from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
-    "open_collection", "list_collections", "delete_collection", "read_collection_manifest",
+    "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
     "BACKENDS", "BackendError", "Capabilities", "SEARCH_MODES", "STATS_KEYS",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
     "CollectionError", "NotFoundError", "CollectionNotFoundError",

@@ -59,6 +59,12 @@ class Backend(ABC):
     def manifest(self, where: Where, name: str) -> dict[str, Any]:
         """The committed manifest of ``name``, as cheaply as the backend can (no vectors loaded)."""
 
+    def status(self, where: Where) -> dict[str, Any]:
+        """Whether the storage answers now, for a health check: ``{"backend", "status": "ok" |
+        "unreachable", "location", ...}`` (a backend of local files is always ``ok``)."""
+        return {"backend": type(self).__name__.removesuffix("Backend").lower(), "status": "ok",
+                "location": str(where.data_dir)}
+
 
 def _backend(backend: str) -> Backend:
     if backend not in _MODULES:
@@ -95,6 +101,12 @@ def delete_collection(data_dir: str | os.PathLike, name: str, *, backend: str = 
                       milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
     """Delete a collection and its data."""
     _backend(backend).delete(_where(data_dir, milvus_uri, milvus_token), name)
+
+
+def storage_status(data_dir: str | os.PathLike, *, backend: str = "faiss", milvus_uri: str | None = None,
+                   milvus_token: str | None = None) -> dict[str, Any]:
+    """Whether the backend's storage answers now (:meth:`Backend.status`), without raising."""
+    return _backend(backend).status(_where(data_dir, milvus_uri, milvus_token))
 
 
 def read_collection_manifest(data_dir: str | os.PathLike, name: str, *, backend: str = "faiss",

@@ -1,7 +1,8 @@
 """The model side of embedpool: the frozen encoder, tokenization plans and token poolers."""
 
 from embedpool.poolers import (  # noqa: F401  (register)
-    attention, cls, cluster, fde, landmark, layermean, max, maxpoolbert, mean, multilayer, pooling, tokens,
+    attention, attnstats, cls, cluster, fde, glot, landmark, layermean, max, maxpoolbert, mean, multilayer,
+    pooling, reinpool, tokens,
 )
 from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window

@@ -205,6 +205,25 @@ class RoleHeads(HeadModule):
         return self.head(role)(hidden, mask)
 
 
+def role_heads(member: type[HeadModule]) -> type[RoleHeads]:
+    """The separate query/document heads of a head class with options of its own (``glot``,
+    ``attnstats``, ``reinpool``): a :class:`RoleHeads` whose two members are ``member``, saved and
+    loaded under ``member``'s ``kind`` with ``roles: separate``."""
+    own = tuple(k for k in member.config_keys if k not in HeadModule.config_keys and k != "kind")
+
+    def __init__(self, dim: int, queries: int = 1, value_projection: bool = True, heads: int = 1,
+                 encoder: str | None = None, meta: dict[str, Any] | None = None, **options: Any) -> None:
+        RoleHeads.__init__(self, dim, queries, value_projection, heads, encoder, meta, **options)
+        for key in own:  # the members' defaults for the options not given
+            setattr(self, key, getattr(self.query, key))
+
+    name = member.__name__ + "Roles"
+    return head_class(type(name, (RoleHeads,), {
+        "__module__": member.__module__, "__qualname__": name, "__init__": __init__,
+        "__doc__": f"Separate query and document :class:`{member.__name__}` heads.",
+        "kind": member.kind, "config_keys": member.config_keys, "member": member}))
+
+
 MAX_QUERIES = 64  # output vectors per text: a bound so that a request cannot ask for millions
 
 

@@ -1,5 +1,5 @@
-"""Training the head of a learned pooler (``attention`` over the last layer, ``multilayer`` over
-every layer) on a frozen encoder.
+"""Training the head of a learned pooler (``attention``, ``glot``, ``attnstats`` and ``reinpool``
+over the last layer, ``multilayer`` over every layer) on a frozen encoder.
 
 The encoder never changes, so every text's token states are computed once and cached
 (float16, on disk when a cache folder is given; every layer's for ``multilayer``); training then
@@ -19,6 +19,12 @@ nDCG@10 of the dev queries against every document of the data for ``infonce``, S
 for ``cosent``) because a falling CoSENT/InfoNCE loss can hide a falling metric (the loss also
 drops when the head merely spreads the cosines). The step-0 head (= mean pooling) is scored too
 and kept when no later checkpoint beats it. A fixed seed gives the same weights.
+
+``reinpool``'s policy makes a discrete choice and trains by REINFORCE on an nDCG@10 reward
+(:func:`poolers.reinpool.reinforce_loss`) on the same pairs: each document's pooled vector ranks
+the training queries (STS: the first sentences of the pairs, pooled by the current head at each
+epoch; a pair is relevant when its gold score is at least 80% of the top score); its dev
+selection, guard and anchor are the other heads'.
 
 Against over-fitting the training domain: ``anchor`` pulls the pooled vectors toward mean's
 (no extra data), and a :class:`Guard` split of another task vetoes checkpoints that score below
@@ -40,9 +46,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.attention import AttentionHead, RoleHeads
+from embedpool.poolers.attention import AttentionHead, HeadModule, RoleHeads
+from embedpool.poolers.attnstats import AttnStatsHead, AttnStatsRoleHeads
 from embedpool.poolers.encoder import FrozenEncoder
+from embedpool.poolers.glot import GlotHead, GlotRoleHeads
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
+from embedpool.poolers.reinpool import ReinPoolHead, reinforce_loss
 
 log = logging.getLogger(__name__)
 
@@ -234,15 +243,22 @@ def cosent(a: Tensor, b: Tensor, gold: Tensor, scale: float = 20.0) -> Tensor:
 
 
 # ---------------------------------------------------------------- training loop
-POOLERS = ("attention", "multilayer")
+#: pooler -> (one shared head, separate query/document heads), for the heads over the last layer
+HEAD_CLASSES: dict[str, tuple[type, type | None]] = {
+    "attention": (AttentionHead, RoleHeads),
+    "glot": (GlotHead, GlotRoleHeads),
+    "attnstats": (AttnStatsHead, AttnStatsRoleHeads),
+    "reinpool": (ReinPoolHead, None),  # one policy, for documents: a query is the mean of its vectors
+}
+POOLERS = ("attention", "multilayer", "glot", "attnstats", "reinpool")
 
 
 @dataclass
 class TrainConfig:
     """Args:
         objective: ``infonce`` (query/document pairs, also ICT) or ``cosent`` (STS pairs).
-        pooler: the head trained: ``attention`` (last layer) or ``multilayer`` (every layer;
-            its states are cached with ``all_layers``).
+        pooler: the head trained: ``attention``, ``glot``, ``attnstats``, ``reinpool`` (last
+            layer) or ``multilayer`` (every layer; its states are cached with ``all_layers``).
         heads: attention heads per output vector (see :class:`AttentionHead`).
         roles: ``shared`` (one head) or ``separate`` (a query head and a document head; infonce only).
         select: early-stop and keep the best checkpoint by the dev ``metric`` or the dev ``loss``.
@@ -258,6 +274,7 @@ class TrainConfig:
         layer_lr: the learning rate of a multilayer head's layer weights, as a multiple of ``lr``.
             Adam moves each parameter by about ``lr`` a step whatever its gradient's scale, and a
             layer weight must travel ~0.1-1 to matter where a token score needs ~0.01.
+        samples: ``reinpool``: selections drawn per document for REINFORCE.
     """
 
     objective: str = "infonce"  # infonce | cosent
@@ -280,6 +297,7 @@ class TrainConfig:
     anchor: float = 0.0
     guard_tolerance: float = 0.0
     layer_lr: float = 1.0
+    samples: int = 8
 
 
 @dataclass
@@ -311,7 +329,7 @@ class TrainReport:
     history: list[dict] = field(default_factory=list)
 
 
-Head = AttentionHead | RoleHeads
+Head = HeadModule  # AttentionHead, RoleHeads, MultiLayerHead, GlotHead, ... (see HEAD_CLASSES)
 
 
 def layer_count(states: Sequence[Tensor]) -> int:
@@ -331,9 +349,12 @@ def new_head(cfg: TrainConfig, dim: int, layers: int) -> Head:
         head: Head = (MultiLayerRoleHeads if separate else MultiLayerHead)(dim, layers, cfg.queries,
                                                                            cfg.value_projection, cfg.heads)
     elif layers:
-        raise InvalidError("an attention head trains on last-layer states; these hold every layer")
+        raise InvalidError(f"the {cfg.pooler} head trains on last-layer states; these hold every layer")
     else:
-        head = (RoleHeads if separate else AttentionHead)(dim, cfg.queries, cfg.value_projection, cfg.heads)
+        shared, roles = HEAD_CLASSES[cfg.pooler]
+        if separate and roles is None:
+            raise InvalidError(f"{cfg.pooler} has no separate query/document heads; use roles=shared")
+        head = (roles if separate else shared)(dim, cfg.queries, cfg.value_projection, cfg.heads)
     if cfg.queries > 1:  # break the symmetry between queries (all-zero scores would be identical)
         with torch.no_grad():
             for m in head.modules():
@@ -343,11 +364,14 @@ def new_head(cfg: TrainConfig, dim: int, layers: int) -> Head:
 
 
 def _forward(head: Head, states: Sequence[Tensor], role: str) -> tuple[Tensor, Tensor]:
-    """The head's ``[B, Q, D]`` output and the untrained head's (the last layer's mean) ``[B, D]``."""
+    """The head's ``[B, Q, D']`` output and the last layer's mean, ``[B, D']`` (zero-padded when the
+    head's vectors are wider than the states, as ``[mu ; sigma]`` without a projection)."""
     hidden, mask = pad(states)
     last = hidden[-1] if hidden.dim() == 4 else hidden
     w = mask.unsqueeze(-1).float()
-    return head(hidden, mask, role=role), (last * w).sum(1) / w.sum(1).clamp(min=1)
+    out = head(hidden, mask, role=role)
+    mean = (last * w).sum(1) / w.sum(1).clamp(min=1)
+    return out, F.pad(mean, (0, out.shape[-1] - mean.shape[-1]))
 
 
 def _flat(out: Tensor) -> Tensor:
@@ -371,10 +395,56 @@ def pool_states(head: Head, states: Sequence[Tensor], role: str, chunk: int = 12
     return torch.stack(out)  # type: ignore[arg-type]
 
 
+@dataclass
+class InverseRetrieval:
+    """What ``reinpool``'s reward ranks: ``candidates`` (L2-normalized ``[Q, D]``, the vectors of
+    ``data.queries``) and, per document index, the candidate rows relevant to it."""
+
+    candidates: Tensor
+    relevant: dict[int, list[int]]
+
+    @classmethod
+    def of(cls, head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> "InverseRetrieval":
+        """The training pairs ``idx``: every query pooled as its role (a retrieval query: the mean
+        of its vectors; an STS sentence: the head's current selection); with gold scores, only
+        pairs scoring at least 80% of the top score are relevant."""
+        keep = list(idx)
+        if data.scores is not None:
+            top = max(data.scores)
+            keep = [i for i in keep if data.scores[i] >= 0.8 * top]
+        queries = sorted({data.pairs[i][0] for i in idx})
+        row = {a: r for r, a in enumerate(queries)}
+        relevant: dict[int, list[int]] = {}
+        for i in keep:
+            a, b = data.pairs[i]
+            relevant.setdefault(b, []).append(row[a])
+        was = head.training
+        head.eval()
+        with torch.no_grad():
+            vectors = pool_states(head, [data.queries[a] for a in queries], query_role(cfg.objective))
+        head.train(was)
+        return cls(F.normalize(vectors, dim=-1), relevant)
+
+
+def _reinforce(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConfig, anchor: float,
+               inverse: InverseRetrieval) -> Tensor:
+    """``reinpool``'s policy-gradient loss on the batch's distinct documents that have a relevant query."""
+    docs = list(dict.fromkeys(b for a, b in (data.pairs[i] for i in batch) if b in inverse.relevant))
+    if not docs:
+        return sum(p.sum() for p in head.parameters()) * 0.0
+    hidden, mask = pad([data.docs[b] for b in docs])
+    relevant = torch.zeros(len(docs), inverse.candidates.shape[0], dtype=torch.bool)
+    for r, b in enumerate(docs):
+        relevant[r, inverse.relevant[b]] = True
+    return reinforce_loss(head, hidden, mask, inverse.candidates, relevant, cfg.samples, anchor)
+
+
 def _batch_loss(head: Head, data: PairData, batch: Sequence[int], cfg: TrainConfig,
-                anchor: float = 0.0) -> Tensor:
+                anchor: float = 0.0, inverse: InverseRetrieval | None = None) -> Tensor:
     """The task loss of a batch of pairs, plus ``anchor`` times the pull toward mean (see
-    :attr:`TrainConfig.anchor`)."""
+    :attr:`TrainConfig.anchor`); ``reinpool``'s REINFORCE loss when ``inverse`` is given."""
+    if inverse is not None:
+        return _reinforce(head, data, batch, cfg, anchor, inverse)
     pairs = [data.pairs[i] for i in batch]
     q_out, q_mean = _forward(head, [data.queries[a] for a, _ in pairs], query_role(cfg.objective))
     d_out, d_mean = _forward(head, [data.docs[b] for _, b in pairs], "document")
@@ -541,14 +611,17 @@ class _Training:
 
     def run(self) -> tuple[Head, TrainReport]:
         cfg, step = self.cfg, 0
+        inverse = None
         for epoch in range(1, cfg.epochs + 1):
+            if cfg.pooler == "reinpool" and (inverse is None or self.data.scores is not None):
+                inverse = InverseRetrieval.of(self.head, self.data, self.train_idx, cfg)
             order = self.train_idx[:]
             self.rng.shuffle(order)
             total, n = 0.0, 0
             batches = [order[s:s + cfg.batch_size] for s in range(0, len(order), cfg.batch_size)]
             batches = [b for b in batches if len(b) >= 2]
             for i, batch in enumerate(batches):
-                loss = _batch_loss(self.head, self.data, batch, cfg, cfg.anchor)
+                loss = _batch_loss(self.head, self.data, batch, cfg, cfg.anchor, inverse)
                 self.opt.zero_grad()
                 loss.backward()
                 self.opt.step()

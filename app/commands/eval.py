@@ -47,6 +47,14 @@ def register(sub) -> None:
                    help="synthetic-long: distractors per long document (default 0 4 16)")
     p.add_argument("--long-negatives", type=int, metavar="M",
                    help="synthetic-long: haystack-only long documents (default: as many as needles)")
+    p.add_argument("--stress", choices=["distractors"],
+                   help="score every pooler with random distractor words injected into the texts at each "
+                        "--stress-ratios (the clean score, ratio 0, is the reference); with --data or --sts")
+    p.add_argument("--stress-ratios", type=float, nargs="+", default=[0, 0.1, 0.3, 0.5, 0.7, 0.9], metavar="R",
+                   help="fractions of each text's tokens that are distractors (default 0 0.1 0.3 0.5 0.7 0.9)")
+    p.add_argument("--stress-side", choices=["documents", "queries", "both"], default="documents",
+                   help="where distractors go: documents (STS: second sentences), queries (STS: first "
+                        "sentences) or both (STS only)")
     p.add_argument("--latency-queries", type=int, default=32, metavar="N",
                    help="time single-query encoding and search on the first N queries (default 32)")
     p.add_argument("--index-dir", metavar="DIR",
@@ -62,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     modes = [m.strip() for ms in (args.modes or ["exhaustive"]) for m in ms.split(",") if m.strip()]
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     settings = from_args(args)
+    if args.stress:
+        return _stress(args, settings, modes, log)
     if args.sts:
         pairs = datasets.load_sts(args.sts, args.split)
         if args.max_pairs:
@@ -89,6 +99,31 @@ def run(args: argparse.Namespace) -> int:
                 embedder, data, args.poolers, args.distractors,
                 n_queries=args.max_queries if args.max_queries is not None else 100, seed=args.seed,
                 negatives=args.long_negatives, **common)
+    print(ev.format_report(report))
+    ev.write_outputs(report, args.out, args.markdown, args.plot)
+    return 0
+
+
+def _stress(args: argparse.Namespace, settings, modes: list[str], log) -> int:
+    """``--stress distractors``: :func:`app.evaluation.evaluate_stress` on --sts or --data."""
+    from pathlib import Path
+
+    from embedpool.app import datasets
+    from embedpool.app import evaluation as ev
+
+    if not (args.sts or args.data):
+        raise UsageError("--stress runs on --data (BEIR) or --sts")
+    if args.sts:
+        pairs = datasets.load_sts(args.sts, args.split)[: args.max_pairs]
+        kw = dict(sts=pairs, baseline=args.baseline, info={"dataset": Path(args.sts).name, "split": args.split})
+    else:
+        data = datasets.slice_beir(datasets.load_beir(args.data, args.split), args.max_docs, args.max_queries,
+                                   args.seed)
+        kw = dict(data=data, modes=modes, baseline=args.baseline, stat_test=args.stat_test,
+                  candidates=args.candidates, companion=args.companion, k_token=args.k_token,
+                  index_dir=args.index_dir, latency_queries=args.latency_queries, **job_options(args))
+    report = ev.evaluate_stress(load_embedder(settings), args.poolers, args.stress_ratios, side=args.stress_side,
+                                seed=args.seed, log=log, **kw)
     print(ev.format_report(report))
     ev.write_outputs(report, args.out, args.markdown, args.plot)
     return 0

@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(args)
     with contextlib.ExitStack() as stack:
         coll = stack.enter_context(open_collection(settings.data_dir, args.collection, **settings.store()))
+        _require_documents(coll, args.collection)
         embedder = load_embedder(from_args(args, model=_model_of(coll, args)))
         need = companion_name(coll.spec, args.mode, args.collection)
         comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store())) if need else None
@@ -45,11 +46,23 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     for text, hs in zip(args.query, hits):
         out.write(json.dumps({"query": text, "collection": args.collection,
-                              "mode": args.mode if plan.multi else None,
+                              "mode": args.mode if plan.multi else "single",
                               "hits": [{"id": h.id, "score": round(float(h.score), 6),
                                         **({} if args.no_text else {"text": h.text}),
                                         "metadata": h.metadata} for h in hs]}) + "\n")
     return 0
+
+
+def _require_documents(coll, name: str) -> None:
+    """An empty collection is refused (not found: exit 2, as a missing one) rather than answered with no hits: on
+    the command line it is almost always an indexing run that wrote nothing (the HTTP API, whose
+    clients add documents as they go, answers an empty list)."""
+    if len(coll) == 0:
+        from embedpool.errors import NotFoundError
+
+        raise NotFoundError(f"collection {name!r} has no documents to search (created "
+                            f"{coll.manifest.get('created', '?')}); index documents into it first "
+                            "(embedpool index CORPUS --collection ...), or check that the indexing run succeeded")
 
 
 def _model_of(coll, args: argparse.Namespace) -> str:

@@ -1,6 +1,6 @@
 """``embedpool train-pooler`` (also ``train-attention``, its first name): train the head of a
-learned pooler (``attention`` over the last layer, or ``multilayer`` over every layer) on a
-frozen encoder."""
+learned pooler (``attention``, ``glot``, ``attnstats`` or ``reinpool`` over the last layer, or
+``multilayer`` over every layer) on a frozen encoder."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ def register(sub) -> None:
 
 def _register(sub, name: str) -> None:
     p = command(
-        sub, name, run, help="train a learned pooler head (attention or multilayer)"
+        sub, name, run, help="train a learned pooler head (attention, multilayer, glot, attnstats, reinpool)"
         + ("; the first name of train-pooler" if name != "train-pooler" else ""),
         description="Train the head of a learned pooler on cached token states of a frozen encoder. "
                     "The output folder holds head.safetensors + head.json, used as "
-                    "--pooler attention:weights=DIR (or multilayer:weights=DIR).")
+                    "--pooler NAME:weights=DIR (NAME: the --pooler trained).")
     add_data_sources(p, ("--corpus", "unlabeled corpus (BEIR corpus.jsonl) for --self-supervised"))
     p.add_argument("--split", default="train", help="training split (default train; a dev part is carved from it)")
     p.add_argument("--dev-split", default=None,
@@ -42,9 +42,15 @@ def _register(sub, name: str) -> None:
     p.add_argument("--self-supervised", choices=["ict"], help="objective for --corpus (inverse cloze task)")
     p.add_argument("--max-docs", type=int, default=None, help="with --corpus: use at most this many documents")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--pooler", choices=["attention", "multilayer"], default="attention",
+    p.add_argument("--pooler", choices=["attention", "multilayer", "glot", "attnstats", "reinpool"],
+                   default="attention",
                    help="attention: learned queries over the last layer's tokens; multilayer: over every "
-                        "hidden layer's tokens, with learned layer weights (both start as mean pooling)")
+                        "hidden layer's tokens, with learned layer weights; glot: token-similarity graph, GAT, "
+                        "attentive readout; attnstats: attentive statistics (weighted mean and std); reinpool: "
+                        "a policy that keeps some token vectors, trained by REINFORCE on nDCG@10 (all start as "
+                        "mean pooling; reinpool as the mean of the token vectors)")
+    p.add_argument("--samples", type=int, default=8,
+                   help="reinpool: selections sampled per document for REINFORCE (default 8)")
     p.add_argument("--layer-lr", type=float, default=1.0, metavar="X",
                    help="multilayer: the layer weights' learning rate as a multiple of --lr")
     p.add_argument("--anchor", type=float, default=0.0, metavar="W",
@@ -62,7 +68,8 @@ def _register(sub, name: str) -> None:
                    help="allow the guard metric this far below the untrained head's")
     p.add_argument("--queries", type=int, default=1, help="output vectors per text (PMA-style)")
     p.add_argument("--heads", type=int, default=1,
-                   help="attention heads: each pools its own slice of the state dimensions (must divide it)")
+                   help="attention heads: each pools its own slice of the state dimensions (must divide it); "
+                        "reinpool: the policy's self-attention heads")
     p.add_argument("--no-value-projection", action="store_true", help="train the scoring only")
     p.add_argument("--roles", choices=["shared", "separate"], default="shared",
                    help="one head for queries and documents, or a separate head for each (--data/--corpus)")
@@ -200,7 +207,7 @@ def _config(args: argparse.Namespace, objective: str):
                        temperature=args.temperature, cosent_scale=args.cosent_scale,
                        patience=args.patience, seed=args.seed, dev_fraction=args.dev_fraction,
                        select=args.select, eval_every=args.eval_every, anchor=args.anchor, layer_lr=args.layer_lr,
-                       guard_tolerance=args.guard_tolerance)
+                       guard_tolerance=args.guard_tolerance, samples=args.samples)
 
 
 def _train(data, dev, guard, hidden_size: int, cfg):
@@ -262,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
               best_epoch=report.best_epoch, best_step=report.best_step, anchor=args.anchor,
               guard=str(args.guard_data or args.guard_sts or "") or None)
     summary = _summary(args, out, train, dev, report, states_s, train_s)
+    summary["trainable_parameters"] = sum(t.numel() for t in head.parameters() if t.requires_grad)
     (out / "train_report.json").write_text(json.dumps({**summary, "history": report.history}, indent=2))
     if report.best_step == 0:
         print("no checkpoint beat the untrained head (= mean pooling) on dev; the saved head is "

@@ -9,6 +9,10 @@ from embedpool.errors import import_extra
 
 
 def plot_report(report: dict, path: str | Path) -> None:
+    if report["task"] == "stress":
+        from embedpool.app.evaluation.stress import plot_stress
+
+        return plot_stress(report, path)
     matplotlib = import_extra("matplotlib", "eval", "--plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

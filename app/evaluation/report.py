@@ -33,6 +33,10 @@ def _cols(report: dict) -> list[tuple[str, str, Callable[[Any], str]]]:
 
 
 def format_report(report: dict) -> str:
+    if report["task"] == "stress":
+        from embedpool.app.evaluation.stress import format_stress
+
+        return format_stress(report)
     cols = _cols(report)
     rows = [[fmt(r.get(k)) for k, _, fmt in cols] for r in report["results"]]
     head = _headline(report)
@@ -55,6 +59,10 @@ def _headline(report: dict) -> str:
 
 
 def to_markdown(report: dict) -> str:
+    if report["task"] == "stress":
+        from embedpool.app.evaluation.stress import format_stress
+
+        return "<!-- embedpool eval --stress -->\n\n" + format_stress(report, markdown=True) + "\n"
     cols = _cols(report)
     rows = [[f"`{r[k]}`" if k == "pooler" else fmt(r.get(k)) for k, _, fmt in cols] for r in report["results"]]
     lines = ["<!-- embedpool eval -->", "", _headline(report), "",

@@ -525,10 +525,21 @@ class SearchResponse(BaseModel):
 
 
 # ---------------------------------------------------------------------- health, info
+class StorageHealth(BaseModel):
+    backend: str
+    status: Literal["ok", "unreachable"]
+    location: str | None = None
+    version: str | None = Field(None, description="the Milvus that answers (e.g. `Milvus 2.3.5`)")
+    error: str | None = None
+
+
 class Health(BaseModel):
     status: Literal["ready", "loading", "failed"]
     model: str | None = None
     error: str | None = None
+    storage: StorageHealth | None = Field(
+        None, description="whether the collections' storage answers now (a Milvus server may be down while "
+                          "embedding still works: the status stays 200, collection requests answer 503)")
 
 
 class PoolerInfo(BaseModel):

@@ -57,13 +57,13 @@ import_extra("pymilvus", "milvus", "The Milvus backend")
 import_extra("pybase64", "milvus", "The Milvus backend")
 
 from ..backends import Backend, Where
-from ..errors import CollectionNotFoundError, NotACollectionError
+from ..errors import BackendError, CollectionNotFoundError, NotACollectionError
 from ..spec import CollectionSpec
-from .collection import MANIFEST_KEY, MilvusCollection
-from .connection import ClientPool, Connection
+from .collection import MilvusCollection
+from .connection import ClientPool, Connection, is_lite
+from .creation import MANIFEST_KEY, OWNER_KEY, drop_all
 from .mapping import milvus_index
 from .names import embedpool_name, milvus_name
-from .schema import hidden_names
 
 __all__ = ["MilvusCollection", "ClientPool", "MANIFEST_KEY", "milvus_index", "milvus_name",
            "embedpool_name", "list_collections", "delete_collection", "default_uri", "BACKEND"]
@@ -91,13 +91,11 @@ def _drop(conn: Connection, name: str) -> None:
         client = conn.client()
         if not client.has_collection(mname):
             raise CollectionNotFoundError(f"no collection {name!r} in Milvus")
-        if MANIFEST_KEY not in (client.describe_collection(mname).get("properties") or {}):
+        props = client.describe_collection(mname).get("properties") or {}
+        if MANIFEST_KEY not in props and OWNER_KEY not in props:  # a half-made one may go
             raise NotACollectionError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
-        client.drop_collection(mname)
-        for hidden in hidden_names(mname):  # a multi-vector collection's token and companion rows
-            if client.has_collection(hidden):
-                client.drop_collection(hidden)
+        drop_all(client, mname)  # with a multi-vector collection's token and companion rows
 
 
 def list_collections(uri: str, *, token: str | None = None) -> list[str]:
@@ -134,10 +132,33 @@ class MilvusBackend(Backend):
     def delete(self, where: Where, name: str) -> None:
         delete_collection(self._uri(where), name, token=where.token)
 
+    def status(self, where: Where) -> dict[str, Any]:
+        """One version RPC on the shared connection (reconnecting if it was broken), at most
+        :data:`STATUS_TIMEOUT` seconds. A Milvus Lite file that no collection holds open is not
+        started for it."""
+        uri = self._uri(where)
+        out: dict[str, Any] = {"backend": "milvus", "status": "ok", "location": uri}
+        if is_lite(uri) and not ClientPool.held(uri, where.token):
+            return out
+        try:
+            conn = ClientPool.acquire(uri, where.token)
+        except BackendError as e:
+            return {**out, "status": "unreachable", "error": str(e)}
+        try:
+            with conn.errors("health check"):
+                conn.client().get_server_version(timeout=STATUS_TIMEOUT)
+            return {**out, "version": conn.features.name}
+        except BackendError as e:
+            return {**out, "status": "unreachable", "error": str(e)}
+        finally:
+            ClientPool.release(conn)
+
     def manifest(self, where: Where, name: str) -> dict[str, Any]:
         """The manifest with live counts (Milvus counts rows cheaply; the property has none)."""
         with MilvusCollection.open(self._uri(where), name, token=where.token) as coll:
             return coll.manifest
 
+
+STATUS_TIMEOUT = 3.0  # seconds a health check waits for Milvus
 
 BACKEND = MilvusBackend()

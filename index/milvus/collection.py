@@ -11,25 +11,25 @@ from typing import Any
 
 import numpy as np
 
-from ..base import MANIFEST_PROPERTY, Capabilities, CollectionBase, Hit, make_stats
+from ..base import Capabilities, CollectionBase, Hit, make_stats
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
 from ..errors import (BackendError, CollectionNotFoundError, CorruptCollectionError, DocumentNotFoundError,
-                      FormatVersionError, InvalidInputError, NotACollectionError)
+                      FormatVersionError, InvalidInputError)
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
-from ..spec import CollectionSpec, check_name, new_manifest, parse_manifest
+from ..spec import CollectionSpec, check_name
 from ..validate import topk
 from .clock import InsertionClock
 from .connection import ClientPool, Connection, is_lite, not_loaded
+from .creation import MANIFEST_KEY, create_if_absent, damage, describe, repair
 from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
-from .names import embedpool_name, milvus_name, pk, quote
+from .names import milvus_name, pk, quote
 from .packed import Packing
-from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, companion_name, doc_counts, layout_record,
-                     schema, tokens_name, vector_rows, vector_rows_schema)
+from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, companion_name, doc_counts,
+                     text_and_metadata, tokens_name, vector_rows, with_stand_ins)
 
 log = logging.getLogger("embedpool.index")
 
-MANIFEST_KEY = MANIFEST_PROPERTY
 MAX_TOPK = 16_384  # Milvus' limit on limit/topk
 _BATCH_BYTES = 8 << 20  # rows per insert/upsert call: ~8 MB of vectors
 _FETCH_ROWS = 4096  # rows per get() by primary key
@@ -80,24 +80,6 @@ def check_layout(manifest: dict[str, Any], name: str, uri: str) -> dict[str, int
     return layout
 
 
-def read_manifest(conn: Connection, name: str) -> dict[str, Any]:
-    """The manifest property of collection ``name`` (checked), without loading the collection."""
-    mname = milvus_name(name)
-    with conn.errors(f"opening collection {name!r}"):
-        client = conn.client()
-        if not client.has_collection(mname):
-            have = sorted(n for n in map(embedpool_name, client.list_collections()) if n)
-            raise CollectionNotFoundError(
-                f"no collection {name!r} in Milvus"
-                + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
-        props = client.describe_collection(mname).get("properties") or {}
-    if MANIFEST_KEY not in props:
-        raise NotACollectionError(
-            f"Milvus collection {mname!r} at {conn.uri} has no embedpool manifest; it was not "
-            "created by embedpool")
-    return parse_manifest(props[MANIFEST_KEY], f"manifest of Milvus collection {mname!r}")
-
-
 class MilvusCollection(CollectionBase):
     """A single- or multi-vector collection stored in Milvus. Use :meth:`create` / :meth:`open`
     (or :func:`index.open_collection` with ``backend="milvus"``)."""
@@ -113,7 +95,7 @@ class MilvusCollection(CollectionBase):
         check_factories(check_new_spec(name, spec))
         conn = ClientPool.acquire(uri, token)
         try:
-            _create_if_absent(conn, name, spec)
+            create_if_absent(conn, name, spec)
             coll = cls._open(conn, name)
         except BaseException:
             ClientPool.release(conn)
@@ -138,14 +120,21 @@ class MilvusCollection(CollectionBase):
 
     @classmethod
     def _open(cls, conn: Connection, name: str) -> "MilvusCollection":
-        manifest = read_manifest(conn, name)
-        coll = cls(conn, name, manifest)  # checks the layout
+        manifest, desc = describe(conn, name)
+        check_layout(manifest, name, conn.uri)
+        spec = CollectionSpec.from_dict(manifest)
+        with conn.errors(f"opening collection {name!r}"):
+            gaps = damage(conn, milvus_name(name), spec, desc)
+        if gaps:  # left by a creation that failed before creation was all-or-nothing
+            repair(conn, name, spec, desc, lambda: _count_rows(conn, name))
+            manifest, desc = describe(conn, name)
+        coll = cls(conn, name, manifest, desc)
         coll._rpc(f"loading collection {name!r}", "load_collection")
         for rows in coll._row_colls:  # token rows, companion rows
             coll._rpc(f"loading collection {name!r}", "load_collection", coll=rows)
         return coll
 
-    def __init__(self, conn: Connection, name: str, manifest: dict[str, Any]) -> None:
+    def __init__(self, conn: Connection, name: str, manifest: dict[str, Any], desc: dict[str, Any]) -> None:
         super().__init__()
         self.name = name
         self.uri = conn.uri
@@ -169,6 +158,9 @@ class MilvusCollection(CollectionBase):
         self._packing = None if layout is None else Packing(
             self.spec.dim, self.spec.precision, layout["element_chars"], layout["row_elements"])
         self._search_base = milvus_index(vector_factory(self.spec))[2]
+        # without nullable fields (a Milvus before 2.5 made it): stand-ins and the nulls field
+        self._nulls = NULLS in {f["name"] for f in desc.get("fields", [])}
+        self._doc_fields = ["text", "metadata", *([NULLS] if self._nulls else [])]
         self._props: dict[str, str] = {}  # staged properties
         self._closed = False
         self.capabilities = Capabilities(
@@ -215,9 +207,14 @@ class MilvusCollection(CollectionBase):
             self._check_open()
             if self._multi:
                 return self._add_multi(ids, vecs, texts_, meta, seq, comp)
-            rows = [{"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m}
+            rows = [self._stored({"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m})
                     for j, (i, t, m) in enumerate(zip(ids, texts_, meta))]
             self._upsert_vectors(rows, None, self.spec.dim)
+
+    def _stored(self, row: dict) -> dict:
+        """A document row as this collection stores it (stand-ins for missing text and metadata
+        where the Milvus that made it has no nullable fields: :mod:`.schema`)."""
+        return with_stand_ins(row) if self._nulls else row
 
     def _upsert_vectors(self, rows: list[dict], coll: str | None, dim: int) -> None:
         """Upsert rows of one ``dim`` vector each (single-vector documents, token rows,
@@ -238,8 +235,8 @@ class MilvusCollection(CollectionBase):
         for j, (i, d, t, m) in enumerate(zip(ids, vecs, texts, meta)):
             rows, stored = self._packing.rows(i, d, seq + j, t, m,
                                               None if comp is None else {"companion_rows": len(comp[j])})
-            heads.append(rows[0])
-            tails.extend(rows[1:])
+            heads.append(self._stored(rows[0]))
+            tails.extend(map(self._stored, rows[1:]))
             tokens.extend(_vector_rows(i, stored))
             new = {"parts": len(rows), "n": len(stored)}
             if comp is not None:
@@ -362,9 +359,8 @@ class MilvusCollection(CollectionBase):
     def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
         if not len(x):
             return []
-        res = self._ann(x, k, ["text", "metadata"])
-        return [[Hit(h["id"], float(h["distance"]), h["entity"].get("text"), h["entity"].get("metadata"))
-                 for h in row] for row in res]
+        res = self._ann(x, k, self._doc_fields)
+        return [[Hit(h["id"], float(h["distance"]), *text_and_metadata(h["entity"])) for h in row] for row in res]
 
     def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
         if not len(x):
@@ -429,7 +425,7 @@ class MilvusCollection(CollectionBase):
             idx = np.array([where[e] for e in dict.fromkeys(lst) if e in where], dtype=np.int64)
             s = maxsim_scores([q], codes, offsets, scales, doc_idx=idx)[0]
             out.append(topk(s, doc_ids[idx], k))
-        return self._hits(out, {h["doc_id"]: (h.get("text"), h.get("metadata")) for h in heads})
+        return self._hits(out, {h["doc_id"]: text_and_metadata(h) for h in heads})
 
     def _open_sibling(self, name: str) -> "MilvusCollection":
         return MilvusCollection.open(self.uri, name, token=self._token)
@@ -448,8 +444,8 @@ class MilvusCollection(CollectionBase):
             heads = [r for r in rows if r["part"] == 0]
             tails = [r for r in rows if r["part"] != 0]
         else:
-            head_fields = fields if heads_out is None else list(dict.fromkeys([*fields, *self._row_counts, "text",
-                                                                                "metadata"]))
+            head_fields = fields if heads_out is None else list(dict.fromkeys([*fields, *self._row_counts,
+                                                                                *self._doc_fields]))
             heads = [r for b in _batches(doc_ids, FETCH_DOCS) for r in self._get([pk(d, 0) for d in b], head_fields)]
             if heads_out is not None:
                 heads_out.extend(heads)
@@ -461,7 +457,7 @@ class MilvusCollection(CollectionBase):
         """Every row matching ``flt`` (all rows if empty), page by page: a query iterator on a
         Milvus server; on Milvus Lite (which lacks the iterator's timestamp RPC) queries with
         ``pk > last`` in primary-key order."""
-        if not is_lite(self.uri):
+        if self._conn.features.query_iterator:
             it = self._rpc(f"query of {self.name!r}", "query_iterator", batch_size=4096, filter=flt,
                            output_fields=fields)
             rows: list[dict] = []
@@ -497,10 +493,8 @@ class MilvusCollection(CollectionBase):
     def _docs(self, ids: list[str]) -> dict[str, tuple[str | None, dict | None]]:
         """id -> (text, metadata) of the documents that exist (primary-key lookups)."""
         if self._multi:
-            return {d: (r.get("text"), r.get("metadata"))
-                    for d, r in self._heads(ids, ["text", "metadata"]).items()}
-        return {r["id"]: (r.get("text"), r.get("metadata"))
-                for r in self._get(ids, ["id", "text", "metadata"])}
+            return {d: text_and_metadata(r) for d, r in self._heads(ids, self._doc_fields).items()}
+        return {r["id"]: text_and_metadata(r) for r in self._get(ids, ["id", *self._doc_fields])}
 
     def _existing(self, ids: list[str]) -> set[str]:
         return set(self._docs(ids))
@@ -529,11 +523,12 @@ class MilvusCollection(CollectionBase):
             if self._multi:  # row 0 has text, metadata, the row counts: one query (+ one for more parts)
                 codes, scales, _, _ = self._fetch_codes([id], heads)
             else:
-                heads = self._get([id], ["id", "text", "metadata", "vector"])
+                heads = self._get([id], ["id", *self._doc_fields, "vector"])
         if not heads:
             raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
         h = heads[0]
-        out: dict[str, Any] = {"id": id, "text": h.get("text"), "metadata": h.get("metadata")}
+        text, meta = text_and_metadata(h)
+        out: dict[str, Any] = {"id": id, "text": text, "metadata": meta}
         if not self._multi:
             out["vector"] = np.asarray(h["vector"], dtype=np.float32)
             return out
@@ -618,24 +613,10 @@ def _check_sizes(ids: list[str], texts: list[str | None]) -> None:
                 f"{MAX_TEXT_BYTES} bytes of text per document")
 
 
-def _create_if_absent(conn: Connection, name: str, spec: CollectionSpec) -> None:
+def _count_rows(conn: Connection, name: str) -> int:
+    """The document rows of collection ``name`` (loading it)."""
     mname = milvus_name(name)
-    with ClientPool.write_lock(conn, mname), conn.errors(f"creating collection {name!r}"):
-        client = conn.client()
-        if client.has_collection(mname):
-            return
-        extra = {"milvus_layout": layout_record()} if spec.kind == "multi" else {}
-        manifest = new_manifest(name, spec, now_iso(), backend="milvus", **extra)
-        # first, so a collection with a manifest always has its token rows (and companion rows)
-        for rname, rspec in vector_rows(mname, spec):
-            if client.has_collection(rname):  # left by a creation that stopped half-way
-                client.drop_collection(rname)
-            rsch, rindex = vector_rows_schema(client, rspec)
-            client.create_collection(rname, schema=rsch, consistency_level="Strong")
-            client.create_index(rname, rindex, sync=not is_lite(conn.uri))
-        sch, index_params = schema(client, spec)
-        client.create_collection(mname, schema=sch, consistency_level="Strong",
-                                 properties={MANIFEST_KEY: json.dumps(manifest)})
-        # Milvus Lite builds indexes at once and lacks the timestamp RPC that pymilvus' wait
-        # for index completion uses: do not wait there
-        client.create_index(mname, index_params, sync=not is_lite(conn.uri))
+    client = conn.client()
+    client.load_collection(mname)
+    res = client.query(mname, filter="", output_fields=["count(*)"])
+    return int(res[0]["count(*)"]) if res else 0

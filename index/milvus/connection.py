@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError, CollectionLockedError, CollectionNotFoundError
+from .versions import MilvusFeatures, features_of
 
 log = logging.getLogger("embedpool.index")
 
@@ -85,6 +86,7 @@ class Connection:
         self._lock = threading.Lock()
         self._client: Any = None
         self._broken = False
+        self._features: MilvusFeatures | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -94,6 +96,12 @@ class Connection:
     def broken(self) -> bool:
         """The last call found Milvus unreachable (the next one reconnects)."""
         return self._broken
+
+    @property
+    def features(self) -> MilvusFeatures:
+        """What the Milvus at this URI can do (its version is read at every (re)connect)."""
+        self.client()
+        return self._features
 
     def client(self) -> Any:
         """The current client, a new one first if the last call found Milvus unreachable."""
@@ -120,6 +128,19 @@ class Connection:
                     "process per .db file; stop the other process, or run a Milvus server and use "
                     "its http:// URI") from None
             raise _ConnectFailed(self.uri, e.message) from None
+        try:
+            reported = self._client.get_server_version()
+        except Exception as e:  # noqa: BLE001 -- pymilvus or gRPC: Milvus did not answer
+            self._drop()
+            raise _ConnectFailed(self.uri, f"reading its version: {getattr(e, 'message', None) or e}") from None
+        try:
+            features = features_of(str(reported))  # refuses a Milvus older than 2.3
+        except BackendError:
+            self._drop()
+            raise
+        if self._features is None or features != self._features:
+            log.info("Milvus at %s: %s", self.uri, features.name)
+        self._features = features
         self._broken = False
 
     def _drop(self) -> None:
@@ -181,6 +202,14 @@ class ClientPool:
                 cls._pool[key] = conn
             conn.refs += 1
             return conn
+
+    @classmethod
+    def held(cls, uri: str, token: str | None) -> bool:
+        """A connection to ``uri`` is open in this process."""
+        if is_lite(uri):
+            uri = str(Path(uri).expanduser().resolve())
+        with cls._lock:
+            return (uri, token or "") in cls._pool
 
     @classmethod
     def release(cls, conn: Connection) -> None:

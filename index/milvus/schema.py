@@ -2,6 +2,11 @@
 
 * single: one row per document -- ``id`` (VARCHAR primary key = external id), ``seq`` (insertion
   order), ``vector``, ``text`` (nullable), ``metadata`` (nullable JSON).
+* on a Milvus without nullable fields (servers before 2.5, :mod:`.versions`), ``text`` and
+  ``metadata`` are not nullable: a missing one is stored as ``""`` / ``{}`` and one more field,
+  ``nulls`` (INT8), has bit 1 set for a missing text and bit 2 for missing metadata
+  (:func:`with_stand_ins`, :func:`text_and_metadata`). Which of the two a collection uses is read
+  from its fields when it is opened, so a collection moves with its data to any server version.
 * multi, two Milvus collections:
 
   - the document rows (the collection that carries the manifest): one row per document with its
@@ -42,6 +47,7 @@ from typing import Any
 
 from ..spec import CollectionSpec
 from .mapping import metric, milvus_index, vector_factory
+from .versions import MilvusFeatures
 
 MAX_ID_BYTES = 512
 MAX_TEXT_BYTES = 65_535
@@ -53,6 +59,8 @@ ROW_ELEMENTS = 16
 FETCH_DOCS = 128  # first parts per fetch query: <= 128 rows of <= ~1 MB
 TOKENS_SUFFIX = "__tokens"
 COMPANION_SUFFIX = "__companion"
+NULLS = "nulls"  # without nullable fields: bit 1 = no text, bit 2 = no metadata
+_NO_TEXT, _NO_METADATA = 1, 2
 
 
 def tokens_name(mname: str) -> str:
@@ -96,8 +104,24 @@ def layout_record() -> dict[str, int]:
     return {"version": LAYOUT, "element_chars": ELEMENT_CHARS, "row_elements": ROW_ELEMENTS}
 
 
-def _index(client: Any, field: str, spec: CollectionSpec) -> Any:
+def with_stand_ins(row: dict) -> dict:
+    """``row`` for a collection without nullable fields: a missing text or metadata becomes
+    ``""`` / ``{}`` and ``nulls`` says which were missing."""
+    text, meta = row.get("text"), row.get("metadata")
+    return {**row, "text": "" if text is None else text, "metadata": {} if meta is None else meta,
+            NULLS: (_NO_TEXT if text is None else 0) | (_NO_METADATA if meta is None else 0)}
+
+
+def text_and_metadata(row: dict) -> tuple[str | None, Any]:
+    """``(text, metadata)`` of a row read with its ``nulls`` field (if the collection has one)."""
+    nulls = row.get(NULLS) or 0
+    return (None if nulls & _NO_TEXT else row.get("text"),
+            None if nulls & _NO_METADATA else row.get("metadata"))
+
+
+def _index(client: Any, field: str, spec: CollectionSpec, features: MilvusFeatures) -> Any:
     index_type, params, _ = milvus_index(vector_factory(spec))
+    features.check_index_type(index_type, "factory" if spec.kind == "single" else "token_factory")
     index_params = client.prepare_index_params()
     # pymilvus 3 sends build parameters as flat key/values, Milvus Lite 3.2 reads only the legacy
     # "params" JSON key (servers read both): send both
@@ -106,8 +130,9 @@ def _index(client: Any, field: str, spec: CollectionSpec) -> Any:
     return index_params
 
 
-def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
-    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec``."""
+def schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple[Any, Any]:
+    """``(schema, index params)`` of the (document-row) Milvus collection for ``spec`` on a
+    Milvus with ``features``."""
     from pymilvus import DataType
 
     sch = client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -124,17 +149,22 @@ def schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
         sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         sch.add_field("seq", DataType.INT64)
         sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-    sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
-    sch.add_field("metadata", DataType.JSON, nullable=True)
+    if features.nullable:
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
+        sch.add_field("metadata", DataType.JSON, nullable=True)
+    else:  # never `nullable=True` there: 2.3 and 2.4 accept it and drop it silently
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+        sch.add_field("metadata", DataType.JSON)
+        sch.add_field(NULLS, DataType.INT8)
     if spec.kind != "multi":
-        return sch, _index(client, "vector", spec)
+        return sch, _index(client, "vector", spec, features)
     index_params = client.prepare_index_params()
     index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
-    index_params.add_index(field_name="doc_id", index_type="INVERTED")
+    index_params.add_index(field_name="doc_id", index_type=features.scalar_index)
     return sch, index_params
 
 
-def vector_rows_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
+def vector_rows_schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple[Any, Any]:
     """``(schema, index params)`` of rows of one vector each (:func:`vector_rows`: token rows,
     companion rows), ``spec.dim`` wide, indexed by :func:`.mapping.vector_factory` of ``spec``."""
     from pymilvus import DataType
@@ -143,4 +173,4 @@ def vector_rows_schema(client: Any, spec: CollectionSpec) -> tuple[Any, Any]:
     sch.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES + 12)
     sch.add_field("doc_id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
     sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-    return sch, _index(client, "vector", spec)
+    return sch, _index(client, "vector", spec, features)

@@ -61,3 +61,20 @@ def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatc
         s = job.run(src.records(), total=src.count())
     assert s["indexed_this_run"] == 12
     assert {c["collection"]: (c["documents"], c["companion"]) for c in s["collections"]} == {"sf": (12, "mean")}
+
+
+def test_search_refuses_an_empty_collection(tmp_path, capsys):
+    """An indexing run that wrote nothing is not answered with no hits and exit 0: the search
+    says the collection is empty (exit 2, as for a missing one)."""
+    from embedpool.app import cli
+    from embedpool.index import CollectionSpec
+
+    d, db = str(tmp_path / "data"), str(tmp_path / "m.db")
+    spec = CollectionSpec(kind="single", model="sentence-transformers/all-MiniLM-L6-v2", pooler="mean", dim=384)
+    open_collection(d, "empty", spec, backend="milvus", milvus_uri=db).close()
+    where = ["--data-dir", d, "--backend", "milvus", "--milvus-uri", db]
+    assert cli.main(["search", *where, "--collection", "empty", "--query", "anything"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "collection 'empty' has no documents to search" in out.err
+    assert cli.main(["search", *where, "--collection", "missing", "--query", "anything"]) == 2
+    assert "no collection 'missing'" in capsys.readouterr().err

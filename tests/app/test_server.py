@@ -31,7 +31,9 @@ def test_health_loading_then_ready(server, client):
     assert status == 503 and body["type"] == "not_ready"
     r = client.get("/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ready", "model": "sentence-transformers/all-MiniLM-L6-v2"}
+    body = r.json()
+    assert body.pop("storage") == {"backend": "faiss", "status": "ok", "location": str(server.data_dir)}
+    assert body == {"status": "ready", "model": "sentence-transformers/all-MiniLM-L6-v2"}
 
 
 def test_info(client):

@@ -46,10 +46,11 @@ def outage(tmp_path_factory, start_server, milvus_lite_server):
                 "add": c.post("/collections/notes/documents", json=[{"id": "new", "text": "A new note."}]),
                 "info": c.get("/collections/notes"),
             }
-            rec["health while down"] = c.get("/health").status_code
+            rec["health while down"] = c.get("/health")
             rec["embed while down"] = c.post("/embed", json={"inputs": "still embedding"}).status_code
 
             milvus.start()  # back, on the same data and port
+            rec["health after"] = c.get("/health").json()["storage"]
             rec["after"] = {
                 "search": c.post("/collections/notes/search", json=QUERY),
                 "add": c.post("/collections/notes/documents", json=[{"id": "new", "text": "A new note."}]),
@@ -72,11 +73,16 @@ def test_the_message_says_milvus_is_unreachable_and_the_server_keeps_serving(out
         body = r.json()
         assert f"Milvus at {outage['milvus'].uri} is unreachable" in body["error"], (what, body)
         assert "retried once Milvus is back" in body["error"]
-    assert outage["health while down"] == 200 and outage["embed while down"] == 200
+    health = outage["health while down"]
+    assert health.status_code == 200 and outage["embed while down"] == 200  # embedding still works
+    storage = health.json()["storage"]
+    assert storage["status"] == "unreachable" and storage["backend"] == "milvus", storage
+    assert f"Milvus at {outage['milvus'].uri} is unreachable" in storage["error"]
     assert outage["server alive"]
 
 
 def test_requests_succeed_again_once_milvus_is_back(outage):
+    assert outage["health after"]["status"] == "ok" and outage["health after"]["version"].startswith("Milvus")
     after = outage["after"]
     assert after["search"].status_code == 200, after["search"].text
     assert after["search"].json()["hits"] == outage["before"]["hits"]  # same data, same answer

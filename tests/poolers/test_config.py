@@ -30,6 +30,9 @@ NON_DEFAULT = {
     "maxpoolbert": {"layers": "last2"},
     "multilayer": {"queries": 2},
     "pooling": {"mode": "max+mean"},
+    "glot": {},  # weights= only: trained heads round-trip in tests/poolers/test_research_poolers.py
+    "attnstats": {},
+    "reinpool": {},
 }
 
 
@@ -157,7 +160,8 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     ``binds_model`` exactly for the poolers that check the encoder; ``multi_vector`` a bool."""
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
-             ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2})]
+             ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2}),
+             ("glot", {}), ("attnstats", {}), ("reinpool", {})]
     assert {n for n, _ in cases} == set(REGISTRY)
     for name, opts in cases:
         p = REGISTRY[name](**opts)

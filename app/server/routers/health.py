@@ -15,11 +15,18 @@ router = APIRouter(tags=["service"])
 @router.get("/health", response_model=Health,
             responses={503: {"model": Health, "description": "the model is loading (or failed to load)"}})
 async def health(engine: Engine = Depends(get_engine)) -> Response:
-    """200 once the model is loaded and the batcher runs; 503 while it loads (no API key needed)."""
+    """200 once the model is loaded and the batcher runs; 503 while it loads (no API key needed).
+    ``storage`` says whether the collections' backend answers (a Milvus server that is down:
+    ``unreachable`` with the reason; embedding still works, so the status stays 200)."""
+    from starlette.concurrency import run_in_threadpool
+
+    from embedpool import index
     from embedpool.app.server.responses import JSON
 
+    s = engine.settings
+    storage = await run_in_threadpool(index.storage_status, s.data_dir, **s.store())
     body = Health(status=engine.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
-                  error=engine.error)
+                  error=engine.error, storage=storage)
     return JSON(body.model_dump(exclude_none=True), status_code=200 if engine.status == "ready" else 503)
 
 
