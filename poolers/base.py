@@ -103,10 +103,12 @@ class Pooler(Configurable):
     role_aware: bool = False
     binds_model: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
+    #: single-vector poolers take ``model_head``; one with a size of its own (``fde``) does not
+    has_model_head: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.multi_vector is not True and "model_head" not in cls.options:
+        if cls.multi_vector is not True and cls.has_model_head and "model_head" not in cls.options:
             # every single-vector pooler: through the model's head or not (Embedder.uses_head)
             cls.options = {**cls.options, "model_head": bool}
             cls.model_head = True

@@ -69,4 +69,6 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
     return {"task": "sts", **(info or {}), "model": embedder.model_id,
             "encoder_precision": getattr(embedder.encoder, "precision", None),
             "pairs": len(pairs), "sentences": len(sentences), "baseline": labels[bc],
-            "stat_test": "paired bootstrap (2000 resamples) of the Spearman difference", "results": rows}
+            "stat_test": "paired bootstrap (2000 resamples) of the Spearman difference", "results": rows,
+            # what a comparison across models pairs (app/evaluation/models.py)
+            "gold": gold.tolist(), "per_pair": {labels[s]: preds[s].tolist() for s in specs}}

@@ -161,7 +161,7 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
              ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2}),
-             ("glot", {}), ("attnstats", {}), ("reinpool", {})]
+             ("glot", {}), ("attnstats", {}), ("reinpool", {}), ("pooling", {"mode": "mean+lasttoken"})]
     assert {n for n, _ in cases} == set(REGISTRY)
     for name, opts in cases:
         p = REGISTRY[name](**opts)
