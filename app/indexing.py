@@ -48,7 +48,8 @@ from embedpool.app.encoding import embed_by_plan
 from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionNotFoundError, CollectionSpec, bytes_per_vector, open_collection
+from embedpool.index import (CollectionError, CollectionNotFoundError, CollectionSpec, bytes_per_vector,
+                             canonical_analyzer, open_collection)
 from embedpool.poolers import Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
@@ -165,7 +166,8 @@ class IndexJob:
             job's memory follows this and ``commit_bytes``, not the corpus or its records' length.
         batch_docs: records per embedding call at most (length-sorted into token-budget forward
             batches).
-        factory / storage_precision / token_factory: index settings (see ``CollectionSpec``).
+        factory / storage_precision / token_factory / analyzer: index settings (see
+            ``CollectionSpec``; ``analyzer``: the lexical index's, ``none`` for none).
         dimensions, normalize: post-processing (Matryoshka, L2).
         store_text: keep document texts in the document store.
         progress: show a tqdm bar on stderr.
@@ -177,7 +179,8 @@ class IndexJob:
                  source: dict | None = None, companion: str | None = "auto", commit_every: int = 1000,
                  commit_bytes: int = COMMIT_BYTES, batch_tokens: int = BATCH_TOKENS,
                  batch_docs: int = 256, factory: str = "IDMap2,Flat", storage_precision: str = "float32",
-                 token_factory: str = "HNSW32", dimensions: int | None = None, normalize: bool = True,
+                 token_factory: str = "HNSW32", analyzer: str = "english", dimensions: int | None = None,
+                 normalize: bool = True,
                  store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None,
                  backend: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
         if not poolers:
@@ -201,7 +204,12 @@ class IndexJob:
         self.store_text = store_text
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory)
+        try:
+            analyzer = canonical_analyzer(analyzer)
+        except CollectionError as e:
+            raise IndexJobError(f"--analyzer: {e}") from None
+        self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory,
+                                   analyzer=analyzer)
 
         labels: dict[str, str] = {}
         for p in poolers:
@@ -233,8 +241,9 @@ class IndexJob:
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
         dim = self.embedder.output_dim(t.spec, self.dimensions)
-        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=self.normalize,
-                      encoder_precision=self.embedder.encoder.precision)
+        normalized = self.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
+        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
+                      encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
         if t.multi:
             comp = {} if t.companion is None else dict(
                 companion_pooler=t.companion[0], companion_rows=t.companion[1],

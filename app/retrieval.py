@@ -14,7 +14,9 @@ Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
    batcher).
 2. **Candidates and ranking** (:meth:`Search.run`): the collection's own search --
    ``exhaustive``, ``tokens`` (token ANN candidates) or ``two_stage`` (companion candidates),
-   each ranked by exact MaxSim in ``index``.
+   each ranked by exact MaxSim in ``index``; ``bm25`` (the collection's lexical index, on the
+   query texts) or ``hybrid`` (BM25 fused with any of those vector modes, :mod:`index.fusion`);
+   each restricted by a metadata filter inside the search (:mod:`index.filters`).
 3. **Similarity** (:func:`maxsim`, :func:`similarity`): pure functions on vectors that know
    nothing about storage (STS scoring uses them).
 """
@@ -29,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from embedpool.errors import InvalidError
-from embedpool.index import SEARCH_MODES, CollectionBase, CollectionSpec, Hit, maxsim_scores
+from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
+                             maxsim_scores, parse_filter)
 from embedpool.poolers import build_pooler
 
 class RetrievalError(InvalidError):
@@ -67,6 +70,8 @@ def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], 
     if callable(model_dim):
         model_dim = model_dim(spec.pooler)
     own = own_dim(spec.pooler, model_dim) if spec.pooler else None
+    if own is None and spec.pooler and build_pooler(spec.pooler).sparse:  # splade: the vocabulary's size
+        own = spec.dim
     if own is not None:
         if own != spec.dim:
             raise RetrievalError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "
@@ -121,11 +126,24 @@ def document_embeddings(spec: CollectionSpec,
             companion_embedding(spec, model_dim, role="document"))
 
 
-def companion_name(spec: CollectionSpec, mode: str, name: str = "") -> str | None:
+def vector_mode(mode: str, hybrid_mode: str = "exhaustive") -> str | None:
+    """The vector mode a search in ``mode`` runs (``hybrid``: ``hybrid_mode``; ``bm25``: none)."""
+    if mode not in ALL_MODES:
+        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}", param="mode")
+    if mode == "bm25":
+        return None
+    if mode == "hybrid":
+        if hybrid_mode not in SEARCH_MODES:
+            raise RetrievalError(f"vector_mode {hybrid_mode!r}: hybrid fuses BM25 with one of "
+                                 f"{', '.join(SEARCH_MODES)}", param="vector_mode")
+        return hybrid_mode
+    return mode
+
+
+def companion_name(spec: CollectionSpec, mode: str, name: str = "", hybrid_mode: str = "exhaustive") -> str | None:
     """The separate companion collection a search in ``mode`` needs (``None``: none, or the
     collection keeps its companion rows itself)."""
-    if mode not in SEARCH_MODES:
-        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(SEARCH_MODES)}", param="mode")
+    mode = vector_mode(mode, hybrid_mode)
     if spec.kind != "multi" or mode != "two_stage" or spec.companion_pooler is not None:
         return None
     if not spec.companion:
@@ -186,6 +204,10 @@ class Search:
             that names a separate one (see :func:`companion_name`); a collection that keeps its
             companion rows needs none.
         k: results per query.
+        filter: a metadata filter (:mod:`index.filters`), applied inside the search.
+        vector_mode / fusion / weight: ``hybrid``: the vector mode fused with BM25 (multi-vector
+            collections; a single-vector collection has one), ``rrf`` or ``score`` fusion, and
+            the vector side's weight (1: vectors only, 0: BM25 only).
     """
 
     collection: CollectionBase
@@ -195,17 +217,29 @@ class Search:
     candidates: int = 100
     k_token: int = 32
     companion: CollectionBase | None = None
+    filter: Any = None
+    vector_mode: str = "exhaustive"
+    fusion: str = "rrf"
+    weight: float = 0.5
 
     def __post_init__(self) -> None:
-        need = companion_name(self.collection.spec, self.mode, self.collection.name)
+        self.filter = parse_filter(self.filter)  # a bad filter fails before anything is embedded
+        vmode = vector_mode(self.mode, self.vector_mode)
+        if self.mode in LEXICAL_MODES and not self.collection.spec.lexical:
+            raise RetrievalError(f"mode {self.mode}: collection {self.collection.name!r} has no lexical index (its "
+                                 "analyzer is 'none', or it was made before BM25 existed)", param="mode")
+        if self.mode == "hybrid" and self.weight == 0:
+            vmode = None  # BM25 alone: nothing to embed
+        self._vmode = vmode
+        need = None if vmode is None else companion_name(self.collection.spec, vmode, self.collection.name)
         if need is None:
             self.companion = None
         elif self.companion is None:
             raise RetrievalError(f"mode two_stage on {self.collection.name!r} needs its companion "
                                  f"collection {need!r} opened", param="mode")
         spec = self.collection.spec
-        self.query = collection_embedding(spec, self.model_dim)
-        own = self.mode == "two_stage" and self.multi and spec.companion_pooler is not None
+        self.query = None if vmode is None else collection_embedding(spec, self.model_dim)
+        own = vmode == "two_stage" and self.multi and spec.companion_pooler is not None
         self.companion_query = (companion_embedding(spec, self.model_dim) if own else
                                 None if self.companion is None else
                                 collection_embedding(self.companion.spec, self.model_dim))
@@ -214,32 +248,50 @@ class Search:
     def multi(self) -> bool:
         return self.collection.spec.kind == "multi"
 
-    def embeddings(self) -> list[Embedding]:
-        return [self.query] + ([self.companion_query] if self.companion_query else [])
+    @property
+    def lexical(self) -> bool:
+        """The search reads the lexical index (it needs the query texts)."""
+        return self.mode in LEXICAL_MODES
 
-    def run(self, vectors: Mapping[Embedding, Sequence[np.ndarray]],
-            rows: Sequence[int] | None = None) -> list[list[Hit]]:
-        """Hits per query from the embedded ``vectors`` (all queries, or those at ``rows``)."""
-        def take(e: Embedding) -> list[np.ndarray]:
-            v = vectors[e]
+    def embeddings(self) -> list[Embedding]:
+        """What the queries are embedded as (nothing for BM25 alone)."""
+        return ([self.query] if self.query else []) + ([self.companion_query] if self.companion_query else [])
+
+    def run(self, vectors: Mapping[Embedding, Sequence[np.ndarray]], rows: Sequence[int] | None = None,
+            texts: Sequence[str] | None = None) -> list[list[Hit]]:
+        """Hits per query from the embedded ``vectors`` and, for ``bm25``/``hybrid``, the query
+        ``texts`` (all queries, or those at ``rows``)."""
+        def take(v: Sequence) -> list:
             return list(v) if rows is None else [v[i] for i in rows]
 
-        q = take(self.query)
+        kw: dict[str, Any] = {"k": self.k, "filter": self.filter}
+        if self.lexical:
+            if texts is None:
+                raise RetrievalError(f"mode {self.mode} needs the query texts", param="mode")
+            kw.update(mode=self.mode, texts=take(texts), fusion=self.fusion, weight=self.weight,
+                      vector_mode=self._vmode or "exhaustive")
+            if self.query is None:
+                return self.collection.search(**kw)
+        else:
+            kw["mode"] = self._vmode
+        q = take(vectors[self.query])
         if not self.multi:
-            return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), k=self.k)
+            return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), **kw)
         if self.companion_query is not None:
             # a per-window companion pooler gives a query one row ([1, D]): its vector
-            cq = np.stack([np.asarray(v).reshape(-1, np.shape(v)[-1])[0] for v in take(self.companion_query)])
-            return self.collection.search(q, k=self.k, mode="two_stage", candidates=self.candidates,
-                                          companion=self.companion, companion_pooler=self.companion_query.pooler,
-                                          companion_queries=cq)
-        return self.collection.search(q, k=self.k, mode=self.mode, k_token=self.k_token)
+            cq = np.stack([np.asarray(v).reshape(-1, np.shape(v)[-1])[0] for v in take(vectors[self.companion_query])])
+            kw.update(candidates=self.candidates, companion=self.companion,
+                      companion_pooler=self.companion_query.pooler, companion_queries=cq)
+            if not self.lexical:
+                kw["mode"] = "two_stage"
+        return self.collection.search(q, k_token=self.k_token, **kw)
 
 
 def retrieve(embedder, texts: Sequence[str], search: Search) -> list[list[Hit]]:
-    """Embed ``texts`` for ``search`` with ``embedder`` (a :class:`poolers.Embedder`) and run it."""
-    vectors, _ = embed_texts(embedder.embed, texts, search.embeddings())
-    return search.run(vectors)
+    """Embed ``texts`` for ``search`` with ``embedder`` (a :class:`poolers.Embedder`; ``None``
+    for a search that embeds nothing, BM25 alone) and run it."""
+    vectors, _ = embed_texts(embedder.embed, texts, search.embeddings()) if search.embeddings() else ({}, 0)
+    return search.run(vectors, texts=texts)
 
 
 # ---------------------------------------------------------------------------------- ranking

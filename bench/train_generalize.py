@@ -93,13 +93,13 @@ def spec(trained_on: str, variant: str, seed: int) -> str:
     return f"{pooler}:weights={head_dir(trained_on, variant, seed)}"
 
 
-def train_one(job: tuple[str, str, int]) -> dict:
-    trained_on, variant, seed = job
+def train_one(job: tuple[str, str, int, list[str]]) -> dict:
+    trained_on, variant, seed, extra = job
     out = head_dir(trained_on, variant, seed)
     report = out / "train_report.json"
     if not report.exists():
-        cmd = [EMBEDPOOL, "train-pooler", *TRAIN[trained_on], *VARIANTS[variant](trained_on), "--seed", str(seed),
-               "--out", str(out), "--cache-dir", str(CACHE)]
+        cmd = [EMBEDPOOL, "train-pooler", *TRAIN[trained_on], *VARIANTS[variant](trained_on), *extra,
+               "--seed", str(seed), "--out", str(out), "--cache-dir", str(CACHE)]
         print(" ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -110,7 +110,8 @@ def train_one(job: tuple[str, str, int]) -> dict:
 
 
 def train(args: argparse.Namespace) -> None:
-    jobs = [(t, v, s) for s in args.seeds for t in TRAIN for v in args.variants]
+    extra = {t: (args.stsb_args.split() if t == "stsb" else []) for t in TRAIN}
+    jobs = [(t, v, s, extra[t]) for s in args.seeds for t in args.sets for v in args.variants]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = {(r["trained_on"], r["variant"], r["seed"]): r for r in pool.map(train_one, jobs)}
     path = HEADS / "trainings.json"
@@ -232,7 +233,7 @@ def stress(args: argparse.Namespace) -> None:
     on STS-B test and on a SciFact test slice (`--max-docs`), distractors in the documents."""
     runs = {"stsb": ["--sts", STSB], "scifact": ["--data", SCIFACT, "--max-docs", str(args.max_docs)]}
     out = {}
-    for name, flags in runs.items():
+    for name, flags in ((n, f) for n, f in runs.items() if n in args.sets):
         specs = ["mean", "cls", "max", *[spec(name, v, args.seeds[0]) for v in args.variants]]
         path = ROOT / "bench" / "results" / f"stress_{name}.json"
         cmd = [EMBEDPOOL, "eval", *flags, "--split", "test", *[a for p in specs for a in ("--pooler", p)],
@@ -277,6 +278,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["sweep", "train", "eval", "table", "stress"])
     ap.add_argument("--max-docs", type=int, default=1000, help="stress: the SciFact test slice's documents")
+    ap.add_argument("--sets", nargs="+", default=list(TRAIN), choices=list(TRAIN), help="train/stress: these sets")
+    ap.add_argument("--stsb-args", default="", help="train: extra train-pooler flags for STS-B (e.g. '--epochs 4')")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
     ap.add_argument("--out", type=Path, default=OUT, help="eval: the report (default bench/results/train_generalize.json)")

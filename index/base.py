@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import DocumentNotFoundError, InvalidInputError, SpecMismatchError
+from .filters import Node, parse_filter
+from .fusion import DEPTH, check_fusion, fuse
 from .spec import CollectionSpec, check_name
 from .validate import (
     as_matrix,
@@ -48,6 +50,9 @@ from .validate import (
 #: The search modes of a multi-vector collection (:meth:`CollectionBase.search`): every layer
 #: that names them (HTTP schema, CLI, evaluation) takes them from here.
 SEARCH_MODES = ("exhaustive", "tokens", "two_stage")
+#: The modes that read the lexical (BM25) index: alone, or fused with a vector mode.
+LEXICAL_MODES = ("bm25", "hybrid")
+ALL_MODES = (*SEARCH_MODES, *LEXICAL_MODES)
 
 #: The property under which a backend without files (Milvus) keeps the manifest; reserved.
 MANIFEST_PROPERTY = "embedpool.manifest"
@@ -270,31 +275,43 @@ class CollectionBase(ABC):
     def _check_open(self) -> None:
         """Raise :class:`InvalidInputError` if closed."""
 
+    # Every search hook takes ``flt``, the parsed metadata filter (None: every document), and
+    # applies it inside the search: k hits whenever k matching documents exist.
     @abstractmethod
-    def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
+    def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
         """Top-k of single-vector queries ``[q, dim]``."""
 
     @abstractmethod
-    def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
+    def _search_exhaustive(self, qs: list[np.ndarray], k: int, flt: Node | None = None) -> list[list[Hit]]:
         """Exact MaxSim of each query against every document."""
 
     @abstractmethod
-    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
+    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
+                       flt: Node | None = None) -> list[list[Hit]]:
         """Candidates from the token ANN (``k_token`` per query token), then exact MaxSim."""
 
     @abstractmethod
     def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
-                          k: int) -> list[list[Hit]]:
+                          k: int, flt: Node | None = None) -> list[list[Hit]]:
         """Candidates from the collection's own companion rows (the ``candidates`` documents of
         the best rows for each companion query ``cq[i]``), then exact MaxSim."""
 
     @abstractmethod
-    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
+    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
+                flt: Node | None = None) -> list[list[Hit]]:
         """Exact MaxSim of each query against its candidate documents (external ids)."""
 
     @abstractmethod
-    def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
+    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
         """Ids only of the top-k documents per single-vector query."""
+
+    @abstractmethod
+    def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
+        """Top-k documents by BM25 for each query text (the collection's analyzer)."""
+
+    @abstractmethod
+    def _delete_where(self, flt: Node) -> int:
+        """Delete the documents that match ``flt``; how many."""
 
     @abstractmethod
     def _open_sibling(self, name: str) -> "CollectionBase":
@@ -371,47 +388,93 @@ class CollectionBase(ABC):
         if not self.capabilities.supports_token_ann:
             raise InvalidInputError("build_token_index applies to multi-vector collections only")
 
-    def search(self, queries: Any, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
+    def search(self, queries: Any = None, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
                k_token: int = 32, companion_queries: Any = None,
                companion: "CollectionBase | None" = None,
-               companion_pooler: str | None = None) -> list[list[Hit]]:
+               companion_pooler: str | None = None, filter: Any = None, texts: Sequence[str] | None = None,
+               vector_mode: str = "exhaustive", fusion: str = "rrf", weight: float = 0.5,
+               depth: int = DEPTH) -> list[list[Hit]]:
         """Top-k documents per query.
 
         Args:
             queries: single: ``[q, dim]`` array. multi: ``q`` arrays ``[m_i, dim]`` of query tokens.
+                Not needed by ``mode="bm25"``.
             k: results per query.
-            mode: multi only. ``exhaustive`` (exact MaxSim against every document), ``tokens``
-                (token ANN: ``k_token`` neighbours per query token give the candidates, then exact
-                MaxSim) or ``two_stage`` (the ``candidates`` best documents by their companion
-                vectors for ``companion_queries``, then exact MaxSim): the collection's own
-                companion rows when it keeps them (``spec.companion_pooler``; the documents of
-                the best rows), else those of a companion single-vector collection.
+            mode: ``bm25`` (the lexical index alone, on ``texts``), ``hybrid`` (BM25 fused with
+                the vector search of ``vector_mode``), or a vector mode. Single-vector
+                collections have one vector mode (any other name means it); multi-vector ones
+                ``exhaustive`` (exact MaxSim against every document), ``tokens`` (token ANN:
+                ``k_token`` neighbours per query token give the candidates, then exact MaxSim)
+                or ``two_stage`` (the ``candidates`` best documents by their companion vectors
+                for ``companion_queries``, then exact MaxSim): the collection's own companion
+                rows when it keeps them (``spec.companion_pooler``; the documents of the best
+                rows), else those of a companion single-vector collection.
             companion: the companion collection (any backend) of a collection that does not keep
                 its own; defaults to ``spec.companion`` opened from the same backend and location.
             companion_pooler: the pooler spec ``companion_queries`` were made with; refused
                 unless it is the companion's (an FDE made with other parameters approximates
                 nothing, though it may have the same dimension).
+            filter: a metadata filter (:mod:`index.filters`), applied inside every search: ``k``
+                hits come back whenever ``k`` matching documents exist (BM25: that contain a
+                query term), whatever the index.
+            texts: the query texts, one per query (``bm25`` and ``hybrid``).
+            vector_mode: ``hybrid`` on a multi-vector collection: its vector mode.
+            fusion, weight: ``hybrid``: ``rrf`` or ``score`` fusion and the vector side's weight
+                (:mod:`index.fusion`); ``depth``: how many hits of each side are fused.
 
         Returns:
             ``q`` lists of :class:`Hit`, best first. Scores: inner product (single ``ip``),
-            squared L2 distance (single ``l2``, smaller is better) or MaxSim (multi).
+            squared L2 distance (single ``l2``, smaller is better), MaxSim (multi), BM25
+            (``bm25``) or the fused score (``hybrid``).
         """
         self._check_open()
         k = check_positive_int("k", k)
+        flt = parse_filter(filter)
+        if mode not in ALL_MODES and self.spec.kind == "multi":
+            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}")
+        if mode in LEXICAL_MODES:
+            texts = self._check_texts(texts)
+            if mode == "bm25":
+                return self._search_lexical(texts, k, flt) if texts else []
+            fusion, weight = check_fusion(fusion, weight)
+            if vector_mode not in SEARCH_MODES:
+                raise InvalidInputError(f"vector_mode={vector_mode!r}: hybrid fuses BM25 with one of "
+                                        f"{', '.join(SEARCH_MODES)}")
+            d = max(k, check_positive_int("depth", depth))
+            vec = (self._search_vectors(queries, d, vector_mode, candidates, k_token, companion_queries,
+                                        companion, companion_pooler, flt) if weight > 0 else [[] for _ in texts])
+            if len(vec) != len(texts):
+                raise InvalidInputError(f"{len(texts)} query texts but {len(vec)} query vectors")
+            lex = self._search_lexical(texts, d, flt) if weight < 1 and texts else [[] for _ in texts]
+            lower = self.spec.kind == "single" and self.spec.metric == "l2"
+            return [fuse(v, x, k, fusion, weight, lower_is_better=lower) for v, x in zip(vec, lex)]
+        return self._search_vectors(queries, k, mode, candidates, k_token, companion_queries, companion,
+                                    companion_pooler, flt)
+
+    def _check_texts(self, texts: Any) -> list[str]:
+        if not self.spec.lexical:
+            raise InvalidInputError(
+                f"collection {self.name!r} has no lexical index (analyzer 'none', or made before BM25 "
+                "existed); create it with an analyzer (the default, 'english') for bm25 and hybrid search")
+        if texts is None or isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise InvalidInputError("bm25 and hybrid search need texts: the query texts, a list of strings")
+        return list(texts)
+
+    def _search_vectors(self, queries: Any, k: int, mode: str, candidates: int, k_token: int,
+                        companion_queries: Any, companion: "CollectionBase | None",
+                        companion_pooler: str | None, flt: Node | None) -> list[list[Hit]]:
         if self.spec.kind == "single":
-            return self._search_single(as_matrix(queries, self.spec.dim, "queries", self.name), k)
+            return self._search_single(as_matrix(queries, self.spec.dim, "queries", self.name), k, flt)
         qs = check_multi_vectors(self.spec, self.name, queries, None, "queries")
-        if mode not in SEARCH_MODES:
-            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(SEARCH_MODES)}")
         if not qs:
             return []
         if mode == "exhaustive":
-            return self._search_exhaustive(qs, k)
+            return self._search_exhaustive(qs, k, flt)
         if mode == "tokens":
-            return self._search_tokens(qs, k, check_positive_int("k_token", k_token))
+            return self._search_tokens(qs, k, check_positive_int("k_token", k_token), flt)
         candidates = check_positive_int("candidates", candidates)
         if self.spec.companion_pooler is not None:
-            return self._two_stage_own(qs, companion, companion_queries, companion_pooler, candidates, k)
+            return self._two_stage_own(qs, companion, companion_queries, companion_pooler, candidates, k, flt)
         comp = self._resolve_companion(companion)
         if companion_queries is None:
             raise InvalidInputError(
@@ -426,10 +489,20 @@ class CollectionBase(ABC):
         if len(cq) != len(qs):
             raise InvalidInputError(
                 f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
-        return self._rerank(qs, comp.candidate_ids(cq, candidates), k)
+        return self._rerank(qs, comp.candidate_ids(cq, candidates, filter=flt), k, flt)
+
+    def delete_where(self, filter: Any) -> int:
+        """Delete every document that matches a metadata filter (:mod:`index.filters`); returns
+        how many. Durable after :meth:`commit`, like :meth:`delete`."""
+        self._check_open()
+        flt = parse_filter(filter)
+        if flt is None:
+            raise InvalidInputError("delete_where needs a filter (delete the collection to delete everything)")
+        return self._delete_where(flt)
 
     def _two_stage_own(self, qs: list[np.ndarray], companion: Any, companion_queries: Any,
-                       companion_pooler: str | None, candidates: int, k: int) -> list[list[Hit]]:
+                       companion_pooler: str | None, candidates: int, k: int,
+                       flt: Node | None) -> list[list[Hit]]:
         """``two_stage`` on a collection that keeps its companion rows itself."""
         spec = self.spec
         if companion is not None:
@@ -447,15 +520,16 @@ class CollectionBase(ABC):
         cq = as_matrix(companion_queries, spec.companion_dim, "companion_queries", self.name)
         if len(cq) != len(qs):
             raise InvalidInputError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
-        return self._search_companion(qs, cq, candidates, k)
+        return self._search_companion(qs, cq, candidates, k, flt)
 
-    def candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
-        """Ids only of the top-k documents per query (two-stage candidate generation)."""
+    def candidate_ids(self, x: np.ndarray, k: int, *, filter: Any = None) -> list[list[str]]:
+        """Ids only of the top-k documents per query (two-stage candidate generation), among
+        those that match ``filter``."""
         self._check_open()
         if self.spec.kind != "single":
             raise InvalidInputError(f"companion collection {self.name!r} must be single-vector")
         return self._candidate_ids(as_matrix(x, self.spec.dim, "queries", self.name),
-                                   check_positive_int("k", k))
+                                   check_positive_int("k", k), parse_filter(filter))
 
     def _resolve_companion(self, companion: "CollectionBase | None") -> "CollectionBase":
         if companion is not None:

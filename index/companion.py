@@ -59,22 +59,28 @@ class CompanionRows(SingleStore):
     def remove_docs(self, int_ids: np.ndarray, counts: np.ndarray) -> None:
         self.remove(row_ids(int_ids, counts))
 
-    def candidates(self, x: np.ndarray, k: int) -> list[np.ndarray]:
+    def candidates(self, x: np.ndarray, k: int, allowed: np.ndarray | None = None,
+                   doc_ok: np.ndarray | None = None) -> list[np.ndarray]:
         """Per query, the int ids of the ``k`` documents of the best rows (fewer if the
         collection has fewer), best first. Rows are over-fetched until ``k`` distinct documents
-        are found or every row was seen."""
-        n_rows = self.n_docs
+        are found or every row was seen. A metadata filter either gives ``allowed``, the row ids
+        (sorted) of the documents it keeps -- a selector inside the search --, or ``doc_ok``, a
+        bool per internal document id: rows of other documents are skipped while over-fetching
+        (cheaper when the filter keeps most documents)."""
+        n_rows = self.n_docs if allowed is None else len(allowed)
         out: list[np.ndarray | None] = [None] * len(x)
         if not n_rows or not len(x):
             return [np.zeros(0, np.int64) for _ in range(len(x))]
         todo = np.arange(len(x))
         kk = min(n_rows, 2 * k + 16)
         while len(todo):
-            _, I = self.search(x[todo], kk)
+            _, I = self.search(x[todo], kk, allowed)
             short = []
             for r, q in enumerate(todo.tolist()):
                 rows = I[r][I[r] >= 0]
                 docs = rows >> ROW_BITS
+                if doc_ok is not None:
+                    docs = docs[doc_ok[docs]]
                 _, first = np.unique(docs, return_index=True)
                 best = docs[np.sort(first)][:k]  # distinct documents, in the order of their best row
                 if len(best) < k and kk < n_rows:

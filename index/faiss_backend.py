@@ -32,6 +32,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ from .errors import (
     InvalidInputError,
     NotACollectionError,
 )
+from .filters import Node
 from .folders import LOCK_FILE, collection_manifest, create_folder, delete_collection, list_collections
+from .lexical import parse_analyzer
 from .locks import FileLock, RWLock
 from .multi import MultiStore
 from .single import SingleStore
@@ -74,6 +77,8 @@ _MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|compani
                       r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
 STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
 PROPERTY_PREFIX = "property:"
+#: bytes of matching-id arrays kept for repeated filters (:meth:`FaissCollection._matching`)
+FILTER_CACHE_BYTES = 64 << 20
 #: how long a writer waits for the folder lock held by a reader's or deleter's brief cleanup
 WRITER_LOCK_WAIT = 1.0
 
@@ -143,6 +148,10 @@ class FaissCollection(CollectionBase):
         self._closed = False
         self._dirty = False  # documents changed since the last commit
         self._props: dict[str, str] = {}  # staged properties
+        self._writes = 0  # add/delete/compact calls: a filter's matching ids are kept until the next
+        self._filter_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._filter_lock = threading.Lock()
+        self._analyzer = parse_analyzer(self.spec.analyzer) if self._db.has_lexical else None
         try:
             self._load()
             self._cleanup_if_no_writer()
@@ -274,6 +283,7 @@ class FaissCollection(CollectionBase):
         n = len(ids)
         if n == 0:
             return
+        terms = None if self._analyzer is None else self._analyzer.document_terms(texts_)
         with self._wmutex:
             self._check_open()
             self._vec.check_add(n, comp)
@@ -286,12 +296,13 @@ class FaissCollection(CollectionBase):
                 with self._db.savepoint():
                     if len(old):
                         self._db.delete_int(old.tolist())
-                    self._db.insert(rows)
+                    self._db.insert(rows, terms)
                     # vectors last: if this raises, the savepoint undoes the rows
                     self._vec.add(new_ids, vecs, comp)
                     self._vec.remove(old)
                 self._next_int_id += n
                 self._dirty = True
+                self._writes += 1
 
     def delete(self, ids: Sequence[str]) -> None:
         """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
@@ -309,6 +320,7 @@ class FaissCollection(CollectionBase):
                     self._db.delete_int(int_ids)
                 self._vec.remove(np.array(int_ids, dtype=np.int64))
                 self._dirty = True
+                self._writes += 1
 
     def commit(self) -> None:
         """Make every change since the last commit durable (see module docstring). A commit of
@@ -418,49 +430,102 @@ class FaissCollection(CollectionBase):
         return f"Collection({str(self.folder)!r}, kind={self.spec.kind!r}, documents={len(self)})"
 
     # ---- reads --------------------------------------------------------------------------
-    def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
+    def _matching(self, flt: Node | None) -> np.ndarray | None:
+        """The sorted internal ids of the live documents that match ``flt`` (None: no filter),
+        as this object sees the collection (its uncommitted writes included). Caller holds the
+        read lock. Kept for the next searches with the same filter until a write (LRU)."""
+        if flt is None:
+            return None
+        if not self._db.has_fields:
+            raise InvalidInputError(f"collection {self.name!r} was made before metadata filters existed; "
+                                    "index its documents into a new collection to filter them")
+        key = (flt, self._gen, self._writes)
+        with self._filter_lock:
+            ids = self._filter_cache.get(key)
+            if ids is not None:
+                self._filter_cache.move_to_end(key)
+                return ids
+        ids = self._db.matching(flt)
+        with self._filter_lock:
+            self._filter_cache[key] = ids
+            while len(self._filter_cache) > 1 and sum(a.nbytes for a in self._filter_cache.values()) > FILTER_CACHE_BYTES:
+                self._filter_cache.popitem(last=False)
+        return ids
+
+    def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
-            D, I = self._vec.search(x, k)
+            D, I = self._vec.search(x, k, self._matching(flt))
             return self._hits([[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0]
                                for dr, ir in zip(D, I)])
 
-    def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
+    def _search_exhaustive(self, qs: list[np.ndarray], k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
+            ids = self._matching(flt)
+            if ids is not None:  # MaxSim against the matching documents only
+                return self._hits([topk(*self._vec.rerank(q, ids), k) for q in qs])
             scores, ids = self._vec.exhaustive(qs)
             return self._hits([topk(s, ids, k) for s in scores])
 
-    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
+    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
+                       flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
             self._ensure_token_index()
-            cands = self._vec.token_candidates(qs, k_token)
+            ids = self._matching(flt)
+            cands = self._vec.token_candidates(qs, k_token, ids)
+            if ids is not None:  # the token ANN may reach fewer than k matching documents
+                cands = [ids if len(c) < min(k, len(ids)) else c for c in cands]
             return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
 
     def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
-                          k: int) -> list[list[Hit]]:
+                          k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
-            cands = self._vec.companion_candidates(cq, candidates)
+            cands = self._vec.companion_candidates(cq, candidates, self._matching(flt))
             return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
 
-    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
+    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
+                flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
             ext2int = self._db.lookup_ext(sorted({e for lst in ext_lists for e in lst}))
+            ids = self._matching(flt)
             out = []
             for q, lst in zip(qs, ext_lists):
                 cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
+                if ids is not None:
+                    cand = cand[np.isin(cand, ids)]
                 out.append(topk(*self._vec.rerank(q, cand), k))
             return self._hits(out)
 
-    def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
+    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
         with self._rw.read():
             self._check_open()
-            _, I = self._vec.search(x, k)
+            _, I = self._vec.search(x, k, self._matching(flt))
             names = self._db.ext_of(int(i) for i in np.unique(I) if i >= 0)
         return [[names[int(i)] for i in row if i >= 0 and int(i) in names] for row in I]
+
+    def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
+        analyzer = parse_analyzer(self.spec.analyzer)
+        matches = [analyzer.match(t) for t in texts]  # analyzed outside the lock
+        with self._rw.read():
+            self._check_open()
+            if not self._db.has_lexical:
+                raise InvalidInputError(f"collection {self.name!r} has no lexical index")
+            if flt is not None and not self._db.has_fields:
+                self._matching(flt)  # says why it cannot filter
+            return self._hits([self._db.lexical(m, k, flt) if m else [] for m in matches])
+
+    def _delete_where(self, flt: Node) -> int:
+        with self._wmutex:
+            self._check_open()
+            with self._rw.read():
+                ids = self._matching(flt)
+            names = self._db.ext_of(ids.tolist())
+            self.delete([names[int(i)] for i in ids])
+            return len(ids)
 
     def _open_sibling(self, name: str) -> "FaissCollection":
         return FaissCollection.open(self.data_dir, name)

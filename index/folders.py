@@ -93,6 +93,8 @@ def _init_folder(folder: Path, name: str, spec: CollectionSpec) -> None:
                      ("vector_file", None), ("token_index", None), ("format_version", spec.format_version)):
             db.set_meta(k, v)
         db.commit()
+        if spec.lexical:
+            db.create_lexical()
     finally:
         db.close()
     manifest = new_manifest(name, spec, now_iso(), counts={"documents": 0, "vectors": 0})

@@ -29,11 +29,14 @@ from .durable import fsync_dir, fsync_path, write_durable
 from .errors import CorruptCollectionError, TrainingError
 from .companion import CompanionRows, row_ids
 from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
-from .single import min_training_vectors
+from .single import id_selector, min_training_vectors
 from .spec import CollectionSpec, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 TOKEN_TRAIN_SAMPLE = 100_000
+#: a filter that keeps at least this share of the documents draws two_stage candidates by
+#: skipping the other documents' companion rows; a narrower one by a selector of its rows
+BROAD_FILTER = 0.2
 _ADD_CHUNK = 65_536
 #: token rows quantized at a time by ``add``: the float32 temporaries of quantization stay a few
 #: MB however many documents one call adds
@@ -586,9 +589,24 @@ class MultiStore(VectorStore):
                 "index_type": self.spec.token_factory,
                 "companion_rows": None if self.companion is None else self.companion.n_docs}
 
-    def companion_candidates(self, x: np.ndarray, k: int) -> list[np.ndarray]:
-        """Per companion query vector, the int ids of the ``k`` best live documents."""
-        return self.companion.candidates(x, k)
+    def companion_candidates(self, x: np.ndarray, k: int, ids: np.ndarray | None = None) -> list[np.ndarray]:
+        """Per companion query vector, the int ids of the ``k`` best live documents (among
+        ``ids``, sorted, when a metadata filter gives them: all of them when they are at most
+        ``k``, else the best by the companion rows of those documents only)."""
+        if ids is None:
+            return self.companion.candidates(x, k)
+        if len(ids) <= k:
+            return [ids for _ in range(len(x))]
+        if len(ids) >= BROAD_FILTER * self.n_docs:  # most documents match: skip the others' rows
+            ok = np.zeros(max(len(self.loc.seg), int(ids[-1]) + 1), bool)  # indexed by any live id
+            ok[ids] = True
+            return self.companion.candidates(x, k, doc_ok=ok)
+        found, pos, rows = self.loc.find(ids)
+        counts = np.zeros(len(found), np.int64)
+        for p in np.unique(pos).tolist():
+            sel = pos == p
+            counts[sel] = self.segments[p].comp_rows[rows[sel]]
+        return self.companion.candidates(x, k, np.sort(row_ids(found, counts)))
 
     def live_vectors(self) -> int:
         return int(sum(int(np.diff(s.offsets)[s.live].sum()) for s in self.segments))
@@ -630,16 +648,24 @@ class MultiStore(VectorStore):
             out.append(ids[sel])
         return np.concatenate(scores), np.concatenate(out)
 
-    def token_candidates(self, queries: Sequence[np.ndarray], k_token: int) -> list[np.ndarray]:
+    def token_candidates(self, queries: Sequence[np.ndarray], k_token: int,
+                         ids: np.ndarray | None = None) -> list[np.ndarray]:
         """Per query, the distinct live documents among the k_token nearest tokens of each
-        query token."""
+        query token (``ids``: among the tokens of these documents only -- a metadata filter,
+        FAISS' ID selector on the token index's document labels)."""
         if self.token_index is None:
             self.build_token_index()
         q_all = np.ascontiguousarray(np.concatenate(queries).astype(np.float32))
         kk = max(1, min(k_token, int(self.token_index.ntotal)))
+        sel = None if ids is None else id_selector(ids)
         inner = self.token_index.index if isinstance(self.token_index, faiss.IndexIDMap) else None
         if inner is not None and isinstance(faiss.downcast_index(inner), faiss.IndexHNSW):
-            params = faiss.SearchParametersHNSW(efSearch=max(kk, 64))
+            params = faiss.SearchParametersHNSW(efSearch=max(kk, 64), sel=sel)
+            _, labels = self.token_index.search(q_all, kk, params=params)
+        elif sel is not None:
+            ivf = faiss.downcast_index(self.token_index)
+            params = (faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nprobe) if isinstance(ivf, faiss.IndexIVF)
+                      else faiss.SearchParameters(sel=sel))
             _, labels = self.token_index.search(q_all, kk, params=params)
         else:
             _, labels = self.token_index.search(q_all, kk)

@@ -25,6 +25,24 @@ from .spec import CollectionSpec, _faiss_metric, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 HNSW_EF_SEARCH = 64
+#: a filter that keeps at most this many vectors of an approximate index is answered exactly
+#: over them (reconstructed), instead of by the index with a selector
+EXACT_AMONG = 4096
+EXACT_BLOCK = 16_384
+
+
+def id_selector(ids: np.ndarray) -> faiss.IDSelector:
+    """FAISS' selector of these ids: a bitmap where they are dense enough (document ids), else a
+    hash set (companion row ids). The bitmap's buffer is kept on the selector."""
+    top = int(ids[-1]) + 1 if len(ids) else 0
+    if top <= 64 * len(ids) + (1 << 16):
+        mask = np.zeros(top, bool)
+        mask[ids] = True
+        bits = np.packbits(mask, bitorder="little")
+        sel = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))  # n: bytes of the bitmap
+        sel.bits_ref = bits  # FAISS keeps a pointer, not a copy
+        return sel
+    return faiss.IDSelectorBatch(len(ids), faiss.swig_ptr(np.ascontiguousarray(ids, np.int64)))
 
 
 def min_training_vectors(factory: str) -> int:
@@ -83,6 +101,8 @@ class SingleStore(VectorStore):
         self.deltas: list[str] = []  # committed delta files, in order
         self.ivf_codes = isinstance(faiss.downcast_index(index), faiss.IndexIVF)  # deltas hold sa codes
         self.appendable = self.removable  # else (HNSW) every commit writes the whole index
+        # a flat index compares the query with every stored vector: a filtered search is exact
+        self.exact = isinstance(_inner(index), faiss.IndexFlat)
         self.full_write = file is None  # the next commit writes a new base (first, or compacted)
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, rows) for the next delta
         self.file_tombstones = 0  # rows removed since the base was written (still in the files)
@@ -220,14 +240,19 @@ class SingleStore(VectorStore):
         return {"bytes_per_doc": per_doc, "tombstones": len(self.dead), "segments": None,
                 "token_index": False, "index_type": self.spec.factory, "companion_rows": None}
 
-    def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (scores, int ids) per query; rows padded with -1 ids when fewer exist."""
+    def search(self, x: np.ndarray, k: int, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (scores, int ids) per query; rows padded with -1 ids when fewer exist.
+
+        ``ids``: only these (live, sorted) ids may be returned -- a metadata filter, applied
+        inside the search (:meth:`_search_among`), so that ``min(k, len(ids))`` come back."""
         nq = len(x)
         ntotal = int(self.index.ntotal)
         out_d = np.full((nq, k), np.nan, dtype=np.float32)
         out_i = np.full((nq, k), -1, dtype=np.int64)
         if ntotal == 0 or nq == 0:
             return out_d, out_i
+        if ids is not None:
+            return self._search_among(x, k, ids, out_d, out_i)
         kk = min(ntotal, k if not self.dead else 2 * k + 16)
         while True:
             D, I = self._raw_search(x, kk)
@@ -246,10 +271,57 @@ class SingleStore(VectorStore):
             out_i[r, :len(sel)] = I[r, sel]
         return out_d, out_i
 
-    def _raw_search(self, x: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.hnsw and kk > HNSW_EF_SEARCH:
-            return self.index.search(x, kk, params=faiss.SearchParametersHNSW(efSearch=kk))
-        return self.index.search(x, kk)
+    def _search_among(self, x: np.ndarray, k: int, ids: np.ndarray, out_d: np.ndarray,
+                      out_i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Filtered search. A flat index scans every vector with FAISS' ID selector: exact. An
+        approximate one (HNSW, IVF) searches with the selector too -- HNSW's graph and IVF's
+        probed lists may hold fewer than ``k`` selected vectors -- and a query left short (or
+        a filter that keeps at most :data:`EXACT_AMONG` vectors) is answered exactly over the
+        selected vectors themselves (reconstructed), so ``k`` results come back whenever ``k``
+        documents match."""
+        ids = np.asarray(ids, np.int64)
+        want = min(k, len(ids))
+        if want == 0:
+            return out_d, out_i
+        if not self.exact and len(ids) <= EXACT_AMONG:
+            return self._exact_among(x, k, ids, out_d, out_i, np.arange(len(x)))
+        sel = id_selector(ids)  # referenced until the search returns: FAISS holds a bare pointer
+        D, I = self._raw_search(x, want, sel=sel)
+        out_d[:, :want], out_i[:, :want] = D, I
+        short = np.flatnonzero((I >= 0).sum(axis=1) < want)
+        if len(short):
+            self._exact_among(x, k, ids, out_d, out_i, short)
+        return out_d, out_i
+
+    def _exact_among(self, x: np.ndarray, k: int, ids: np.ndarray, out_d: np.ndarray, out_i: np.ndarray,
+                     rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k of queries ``rows`` over the stored vectors of ``ids`` (their codes, as
+        the index compares them), in blocks of :data:`EXACT_BLOCK` vectors."""
+        ip = self.index.metric_type == faiss.METRIC_INNER_PRODUCT
+        q = x[rows]
+        best_d = np.full((len(rows), 0), np.nan, np.float32)
+        best_i = np.zeros((len(rows), 0), np.int64)
+        for a in range(0, len(ids), EXACT_BLOCK):
+            part = ids[a:a + EXACT_BLOCK]
+            v = self.index.reconstruct_batch(part)
+            d = q @ v.T if ip else (q * q).sum(1)[:, None] - 2 * q @ v.T + (v * v).sum(1)[None, :]
+            best_d = np.concatenate([best_d, d.astype(np.float32)], axis=1)
+            best_i = np.concatenate([best_i, np.broadcast_to(part, (len(rows), len(part)))], axis=1)
+            order = np.argsort(-best_d if ip else best_d, axis=1, kind="stable")[:, :k]
+            best_d = np.take_along_axis(best_d, order, 1)
+            best_i = np.take_along_axis(best_i, order, 1)
+        n = best_d.shape[1]
+        out_d[rows, :n], out_i[rows, :n] = best_d, best_i
+        out_d[rows, n:], out_i[rows, n:] = np.nan, -1
+        return out_d, out_i
+
+    def _raw_search(self, x: np.ndarray, kk: int, sel: faiss.IDSelector | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if self.hnsw:
+            return self.index.search(x, kk, params=faiss.SearchParametersHNSW(efSearch=max(kk, HNSW_EF_SEARCH), sel=sel))
+        if sel is not None and self.ivf_codes:
+            ivf = faiss.extract_index_ivf(self.index)
+            return self.index.search(x, kk, params=faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nprobe))
+        return self.index.search(x, kk, params=None if sel is None else faiss.SearchParameters(sel=sel))
 
     # ---- persistence --------------------------------------------------------------------
     def write(self, folder: Path, gen: int) -> StoreCommit:

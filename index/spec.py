@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FormatVersionError, InvalidInputError, NotACollectionError
+from .lexical import DEFAULT as DEFAULT_ANALYZER
+from .lexical import NONE as NO_ANALYZER
+from .lexical import canonical_analyzer
 from .maxsim import PRECISIONS
 
-#: Version of the on-disk layout written by this code. Opening a newer one is refused. A
-#: collection that manages its companion (``companion_pooler``) is written as version 2, so that
-#: an embedpool that knows only version 1 refuses it instead of writing documents without their
-#: companion rows; every other collection stays version 1.
-FORMAT_VERSION = 2
+#: Version of the on-disk layout written by this code. Opening a newer one is refused. Version 2
+#: added the companion rows a collection manages (``companion_pooler``); version 3 indexes every
+#: document's metadata values for filters and its text for BM25 (``analyzer``) in the same
+#: commit, so every collection this code creates is version 3: an embedpool that knows only 2
+#: refuses it instead of writing documents that filters and lexical search would not find.
+FORMAT_VERSION = 3
 COMPANION_ROWS = ("document", "window")
 FORMAT_NAME = "embedpool-collection"
 MANIFEST = "manifest.json"
@@ -28,10 +32,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 #: Fields compared when a collection is re-created, per kind (the others do not apply).
 _FIELDS = {
-    "single": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory"),
+    "single": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory", "analyzer"),
     "multi": ("kind", "model", "pooler", "dim", "metric", "normalized", "precision",
               "token_factory", "companion", "companion_pooler", "companion_dim", "companion_rows",
-              "companion_factory"),
+              "companion_factory", "analyzer"),
 }
 
 
@@ -72,6 +76,10 @@ class CollectionSpec:
         encoder_precision: the encoder path the vectors were made with (``fp32``,
             ``openvino-bf16``, ...); recorded only, never compared (paths within the quality bar
             make compatible vectors).
+        analyzer: how the lexical (BM25) index analyzes texts and queries
+            (:mod:`index.lexical`): a language with its stemmer and stopwords (``english``,
+            ``english:stem=false``, ``german:stopwords=false``, ...), or ``none`` for no lexical
+            index. Collections made before BM25 read as ``none``.
     """
 
     kind: str = "single"
@@ -89,6 +97,7 @@ class CollectionSpec:
     companion_dim: int = 0
     companion_rows: str = "document"
     companion_factory: str = "IDMap2,Flat"
+    analyzer: str = DEFAULT_ANALYZER
 
     def validate(self) -> "CollectionSpec":
         """Raise :class:`InvalidInputError` naming the bad field; return self."""
@@ -104,6 +113,9 @@ class CollectionSpec:
             raise InvalidInputError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'")
         if not isinstance(self.normalized, bool):
             raise InvalidInputError("spec.normalized must be true or false")
+        if canonical_analyzer(self.analyzer) != self.analyzer:
+            raise InvalidInputError(f"spec.analyzer={self.analyzer!r}: write it as "
+                                    f"{canonical_analyzer(self.analyzer)!r}")
         if self.kind == "single":
             _check_factory("factory", self.factory, self.dim, self.metric)
             if self.companion_pooler is not None:
@@ -149,7 +161,12 @@ class CollectionSpec:
     @property
     def format_version(self) -> int:
         """The layout version a collection of this spec is written with (see :data:`FORMAT_VERSION`)."""
-        return 2 if self.companion_pooler is not None else 1
+        return FORMAT_VERSION
+
+    @property
+    def lexical(self) -> bool:
+        """The collection keeps a lexical (BM25) index."""
+        return self.analyzer != NO_ANALYZER
 
     def fields(self) -> tuple[str, ...]:
         """The fields that matter for this kind (compared on re-create)."""
@@ -167,7 +184,8 @@ class CollectionSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CollectionSpec":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        # a manifest written before lexical indexes existed has none
+        return cls(**{"analyzer": NO_ANALYZER, **{k: v for k, v in d.items() if k in names}})
 
 
 def _check_factory(field: str, factory: str, dim: int, metric: str) -> None:

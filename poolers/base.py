@@ -89,7 +89,9 @@ class Pooler(Configurable):
       trained head refuses another encoder);
     - ``plan``: the tokenization plan its token states come from;
     - ``needs_layers``: reads every hidden layer (``TokenStates.layers``), which the encoder then
-      returns from the same forward pass; the other poolers' requests never pay for them.
+      returns from the same forward pass; the other poolers' requests never pay for them;
+    - ``sparse``: gives sparse vocabulary-sized vectors scored by dot product (``splade``): never
+      normalized nor truncated, served as indices and values.
 
     Every pooler that is not always multi-vector has the option ``model_head`` (default true): its
     vectors go through the model's own modules after Pooling (Dense, LayerNorm, Normalize, its
@@ -103,6 +105,7 @@ class Pooler(Configurable):
     role_aware: bool = False
     binds_model: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
+    sparse: ClassVar[bool] = False
     #: single-vector poolers take ``model_head``; one with a size of its own (``fde``) does not
     has_model_head: ClassVar[bool] = True
 

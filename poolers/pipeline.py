@@ -341,10 +341,11 @@ class Embedder:
                         head = self.encoder.stack.head
                         pooled = head(pooled) if isinstance(pooled, Tensor) else [head(p) for p in pooled]
                     dims = options.dimensions if pooler.output_dim(self.encoder.hidden_size) is None else None
+                    norm = options.normalize and not pooler.sparse  # SPLADE weights are scored by dot product
                     if isinstance(pooled, Tensor) and pooled.dim() == 2 and not pooler.multi_vector:
-                        vecs = postprocess(pooled, options.normalize, dims).numpy()  # the batch at once
+                        vecs = postprocess(pooled, norm, dims).numpy()  # the batch at once
                     else:
-                        vecs = [postprocess(p, options.normalize, dims).numpy() for p in pooled]
+                        vecs = [postprocess(p, norm, dims).numpy() for p in pooled]
                     for j, i in enumerate(text_ids):
                         out[spec][i] = vecs[j].astype(np.float32, copy=False)
                 if on_pool:

@@ -166,10 +166,12 @@ class ModelStack:
             stack.token_modules = modules[1:]
             return stack
         pool_at = next((i for i, m in enumerate(modules) if type(m).__name__ == "Pooling"), None)
-        if pool_at is None:
-            names = ", ".join(type(m).__name__ for m in modules)
-            raise InvalidError(f"model {path!r} has no Pooling module ({names}): embedpool pools token states, "
-                               "so it serves sentence-transformers models with a Pooling module and ColBERT models")
+        if pool_at is None:  # e.g. a SparseEncoder (MLMTransformer + SpladePooling): its pooler is `splade`
+            names = ", ".join(type(m).__name__ for m in modules[1:]) or "none"
+            log.warning("model %s has no Pooling module (modules after the transformer: %s): auto is mean, "
+                        "and those modules are not run", path, names)
+            stack.post = []
+            return stack
         between = [type(m).__name__ for m in modules[1:pool_at] if type(m).__name__ not in _NOOP_TOKEN_MODULES]
         if between:
             raise InvalidError(f"model {path!r} has token-level modules between its transformer and Pooling "

@@ -23,6 +23,16 @@ def add_candidate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-token", type=int, default=32, help="tokens mode: ANN neighbours per query token")
 
 
+def add_fusion_args(p: argparse.ArgumentParser) -> None:
+    """Hybrid search: ``--fusion`` and ``--weight`` (index.fusion)."""
+    from embedpool.index import FUSIONS
+
+    p.add_argument("--fusion", choices=FUSIONS, default="rrf",
+                   help="hybrid: reciprocal rank fusion (rrf, default) or min-max normalized score fusion (score)")
+    p.add_argument("--weight", type=float, default=0.5,
+                   help="hybrid: the vector side's weight, 0 (BM25 only) to 1 (vectors only); default 0.5")
+
+
 def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     """The indexing job's flags (``embedpool index`` and the indexing inside ``embedpool eval``).
     Work is sized in tokens and bytes; the record counts are upper bounds (see
@@ -42,6 +52,9 @@ def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
                         "batches)")
     p.add_argument("--storage-precision", choices=PRECISIONS, default="float32",
                    help="storage of multi-vector token vectors")
+    p.add_argument("--analyzer", default="english", metavar="SPEC",
+                   help="the collections' BM25 index: a language (english, german, french, ...) with its stemmer "
+                        "and stopwords, ':stem=false' / ':stopwords=false', or none (default english)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -49,7 +62,7 @@ def job_options(args: argparse.Namespace) -> dict:
     """The :class:`app.indexing.IndexJob` keywords of :func:`add_job_args`' flags."""
     return {"commit_every": args.commit_every, "commit_bytes": args.commit_bytes, "batch_tokens": args.batch_tokens,
             "batch_docs": args.batch_docs, "storage_precision": args.storage_precision,
-            "progress": not args.no_progress}
+            "analyzer": args.analyzer, "progress": not args.no_progress}
 
 
 def command(sub, name: str, run, *, help: str, description: str, storage: bool = False,

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from embedpool.app.cli import UsageError
-from embedpool.app.commands.common import add_candidate_args, add_data_sources, add_job_args, command, job_options
+from embedpool.app.commands.common import (add_candidate_args, add_data_sources, add_fusion_args, add_job_args,
+                                           command, job_options)
 from embedpool.app.settings import from_args, load_embedder
 from embedpool.index import SEARCH_MODES
 
@@ -27,8 +28,10 @@ def register(sub) -> None:
     p.add_argument("--pooler", action="append", dest="poolers", required=True, metavar="SPEC",
                    help="pooler spec, repeatable")
     p.add_argument("--mode", action="append", dest="modes", metavar="MODE",
-                   help=f"multi-vector search mode(s): {', '.join(SEARCH_MODES)}; repeatable or "
-                        "comma-separated (default exhaustive)")
+                   help=f"multi-vector search mode(s): {', '.join(SEARCH_MODES)}; bm25 adds the collections' "
+                        "lexical baseline, hybrid a row per pooler (and vector mode) fusing it with BM25, with "
+                        "paired tests against its vector row and BM25; repeatable or comma-separated (default "
+                        "exhaustive)")
     p.add_argument("--baseline", metavar="SPEC", help="pooler the p-values compare against (default mean, "
                                                       "else the first); 'SPEC [mode]' picks a mode")
     p.add_argument("--stat-test", choices=["student", "fisher"], default="student",
@@ -37,6 +40,7 @@ def register(sub) -> None:
     p.add_argument("--markdown", metavar="FILE", help="Markdown table")
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
     add_candidate_args(p)
+    add_fusion_args(p)
     p.add_argument("--companion", default="auto", metavar="SPEC",
                    help="two_stage: pooler of the companion rows the multi-vector collections keep (mean, fde "
                         "for MUVERA fixed-dimensional encodings, or their per-window forms such as "
@@ -113,7 +117,9 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
         index_dir = str(Path(args.index_dir) / name) if args.index_dir and name else args.index_dir
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
                       candidates=args.candidates, companion=args.companion, k_token=args.k_token,
-                      index_dir=index_dir, log=log, latency_queries=args.latency_queries, **job_options(args))
+                      index_dir=index_dir, log=log, latency_queries=args.latency_queries,
+                      fusion=args.fusion, weight=args.weight,
+                      **job_options(args))
         if args.data:
             return ev.evaluate_retrieval(embedder, data, args.poolers, **common)
         return ev.evaluate_synthetic_long(

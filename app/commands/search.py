@@ -9,9 +9,9 @@ import json
 import sys
 
 from embedpool.app.cli import UsageError
-from embedpool.app.commands.common import add_candidate_args, command
+from embedpool.app.commands.common import add_candidate_args, add_fusion_args, command
 from embedpool.app.settings import from_args, load_embedder
-from embedpool.index import SEARCH_MODES
+from embedpool.index import ALL_MODES, SEARCH_MODES
 
 
 def register(sub) -> None:
@@ -23,8 +23,14 @@ def register(sub) -> None:
     p.add_argument("--collection", required=True, metavar="NAME")
     p.add_argument("--query", action="append", required=True, metavar="TEXT", help="query text, repeatable")
     p.add_argument("-k", type=int, default=10, help="hits per query (default 10)")
-    p.add_argument("--mode", choices=SEARCH_MODES, default="exhaustive",
-                   help="multi-vector candidate generation (default exhaustive)")
+    p.add_argument("--mode", choices=ALL_MODES, default="exhaustive",
+                   help="bm25 (the collection's lexical index), hybrid (BM25 fused with --vector-mode), or the "
+                        "multi-vector candidate generation (default exhaustive)")
+    p.add_argument("--vector-mode", choices=SEARCH_MODES, default="exhaustive",
+                   help="hybrid on a multi-vector collection: its vector mode (default exhaustive)")
+    add_fusion_args(p)
+    p.add_argument("--filter", metavar="JSON", help="metadata filter, e.g. '{\"year\": {\"$gte\": 2020}}' "
+                                                   "(docs/api.md#metadata-filters)")
     add_candidate_args(p)
     p.add_argument("--no-text", action="store_true", help="leave document texts out of the output")
 
@@ -37,16 +43,18 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         coll = stack.enter_context(open_collection(settings.data_dir, args.collection, **settings.store()))
         _require_documents(coll, args.collection)
-        embedder = load_embedder(from_args(args, model=_model_of(coll, args)))
-        need = companion_name(coll.spec, args.mode, args.collection)
+        # BM25 alone embeds nothing: no model to load
+        embedder = None if args.mode == "bm25" else load_embedder(from_args(args, model=_model_of(coll, args)))
+        need = companion_name(coll.spec, args.mode, args.collection, args.vector_mode)
         comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store())) if need else None
-        plan = Search(coll, embedder.natural_dim, k=args.k, mode=args.mode, candidates=args.candidates,
-                      k_token=args.k_token, companion=comp)
+        plan = Search(coll, embedder.natural_dim if embedder else coll.spec.dim, k=args.k, mode=args.mode, candidates=args.candidates,
+                      k_token=args.k_token, companion=comp, filter=args.filter, vector_mode=args.vector_mode,
+                      fusion=args.fusion, weight=args.weight)
         hits = retrieve(embedder, args.query, plan)
     out = sys.stdout
     for text, hs in zip(args.query, hits):
         out.write(json.dumps({"query": text, "collection": args.collection,
-                              "mode": args.mode if plan.multi else "single",
+                              "mode": args.mode if plan.multi or plan.lexical else "single",
                               "hits": [{"id": h.id, "score": round(float(h.score), 6),
                                         **({} if args.no_text else {"text": h.text}),
                                         "metadata": h.metadata} for h in hs]}) + "\n")

@@ -36,8 +36,10 @@ def _variant_cols(report: dict) -> list[tuple[str, str, Callable[[Any], str]]]:
     cols = [("pooler", "pooler", str), ("mode", "mode", lambda x: x or "")]
     if report["task"] == "synthetic_long":
         cols.append(("distractors", "K", str))
+    hybrid = [("p_vs_vector", "p vs its vector row", fp), ("p_vs_bm25", "p vs bm25", fp)] \
+        if any("p_vs_vector" in r for r in report["results"]) else []
     return cols + [("ndcg@10", "nDCG@10", f3), ("recall@100", "R@100", f3), ("mrr@10", "MRR@10", f3),
-                   ("map@100", "MAP@100", f3), ("p_value", "p nDCG (vs " + report["baseline"] + ")", fp),
+                   ("map@100", "MAP@100", f3), ("p_value", "p nDCG (vs " + report["baseline"] + ")", fp), *hybrid,
                    ("vectors_per_doc", "vectors/doc", f1), ("bytes_per_doc", "bytes/doc", fb),
                    ("encode_s", "encode s", f1), ("query_latency_ms", "query ms", f1)]
 

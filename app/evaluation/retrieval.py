@@ -8,6 +8,11 @@ for all of them, each as its collection's manifest says (:mod:`app.retrieval`), 
 with :meth:`app.retrieval.Search.run` -- the code ``embedpool search`` and the HTTP route run.
 There is no second implementation of pooling or search here. Metrics and paired significance
 tests come from ``ranx`` (:mod:`app.evaluation.metrics`).
+
+Modes ``bm25`` and ``hybrid`` add the lexical baseline and the fusion beside every pooler: one
+``bm25`` row (the collections' lexical index, the same in every collection), and per pooler (per
+vector mode of a multi-vector one) a hybrid row fusing it with BM25 (``fusion``, ``weight``).
+A hybrid row also carries paired p-values against its own vector row and against BM25.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from embedpool.app.evaluation.metrics import METRICS, score_runs
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Embedding, Search, embedding_calls
 from embedpool.errors import InvalidError
-from embedpool.index import SEARCH_MODES
+from embedpool.index import ALL_MODES, SEARCH_MODES
 
 DEPTH = 100
+BM25 = "bm25"
 
 
 @dataclass
@@ -36,29 +42,46 @@ class Variant:
     label: str
     spec: str  # as given
     canonical: str
-    mode: str  # one of index.SEARCH_MODES (single-vector: "flat")
+    mode: str  # one of index.SEARCH_MODES (single-vector: "flat"), or "bm25"
     multi: bool
+    hybrid: bool = False  # BM25 fused with this vector variant
+    vector: str | None = None  # hybrid: the label of its vector-only variant
 
 
 def _variants(embedder, poolers: list[str], modes: list[str]) -> list[Variant]:
+    """Per pooler, a row per vector mode of ``modes`` (one for single-vector poolers; exhaustive
+    if ``modes`` names none); with ``hybrid``, the same rows fused with BM25, after them; with
+    ``bm25``, one BM25 row, first."""
+    vmodes = [m for m in modes if m in SEARCH_MODES] or ["exhaustive"]
     out, seen = [], set()
+    if BM25 in modes:
+        out.append(Variant(BM25, BM25, embedder.canonical(poolers[0]), BM25, False))
+    hybrids = []
     for p in poolers:
         c = embedder.canonical(p)
         multi = bool(embedder.pooler(c).multi_vector)
-        for m in (modes if multi else ["flat"]):
+        for m in (vmodes if multi else ["flat"]):
             if (c, m) in seen:
                 continue
             seen.add((c, m))
-            out.append(Variant(f"{p} [{m}]" if multi else p, p, c, m, multi))
-    return out
+            label = f"{p} [{m}]" if multi else p
+            out.append(Variant(label, p, c, m, multi))  # hybrid rows are tested against it
+            if "hybrid" in modes:
+                hybrids.append(Variant(f"{p} [hybrid {m}]" if multi else f"{p} [hybrid]", p, c, m, multi, True, label))
+    return out + hybrids
 
 
 def _baseline(embedder, variants: list[Variant], baseline: str | None) -> Variant:
+    vector = [v for v in variants if v.mode != BM25 and not v.hybrid]
     if baseline is None:
-        for v in variants:
+        for v in vector:
             if v.canonical == embedder.canonical("mean"):
                 return v
-        return variants[0]
+        return vector[0]
+    if baseline == BM25:
+        for v in variants:
+            if v.mode == BM25:
+                return v
     c = embedder.canonical(baseline.split(" [")[0])
     mode = baseline.split(" [")[1].rstrip("]") if " [" in baseline else None
     for v in variants:
@@ -110,8 +133,10 @@ class QueryVectors:
 
     def single_query_seconds(self, embedder, search: Search) -> float:
         """Embedding one query alone for ``search``: its plan's forward and its pooling, plus
-        the companion's pooling (and forward, unless it comes from the same pass)."""
+        the companion's pooling (and forward, unless it comes from the same pass); 0 for BM25."""
         main, comp = search.query, search.companion_query
+        if main is None:
+            return 0.0
         if comp is None:
             return self.latency[main]
         same_pass = (comp.options == main.options
@@ -123,18 +148,22 @@ class QueryVectors:
 def _check(poolers: list[str], modes) -> list[str]:
     modes = list(dict.fromkeys(modes))
     for m in modes:
-        if m not in SEARCH_MODES:
-            raise InvalidError(f"unknown mode {m!r}; use one of {', '.join(SEARCH_MODES)}")
+        if m not in ALL_MODES:
+            raise InvalidError(f"unknown mode {m!r}; use one of {', '.join(ALL_MODES)}")
     if not poolers:
         raise InvalidError("give at least one --pooler")
     return modes
 
 
 def _searches(job: IndexJob, variants: list[Variant], model_dim, candidates: int,
-              k_token: int) -> dict[str, Search]:
-    return {v.label: Search(job.targets[v.canonical].coll, model_dim, k=DEPTH,
-                            mode=v.mode if v.multi else "exhaustive", candidates=candidates, k_token=k_token)
-            for v in variants}
+              k_token: int, fusion: str = "rrf", weight: float = 0.5) -> dict[str, Search]:
+    def search(v: Variant) -> Search:
+        vmode = v.mode if v.multi else "exhaustive"
+        mode = BM25 if v.mode == BM25 else "hybrid" if v.hybrid else vmode
+        return Search(job.targets[v.canonical].coll, model_dim, k=DEPTH, mode=mode, candidates=candidates,
+                      k_token=k_token, vector_mode=vmode, fusion=fusion, weight=weight)
+
+    return {v.label: search(v) for v in variants}
 
 
 def _run(search: Search, queries: QueryVectors, latency_queries: int) -> tuple[dict, list[float]]:
@@ -142,12 +171,12 @@ def _run(search: Search, queries: QueryVectors, latency_queries: int) -> tuple[d
     lat = []
     for i in range(min(latency_queries, len(queries.qids))):
         s = time.perf_counter()
-        search.run(queries.vectors, [i])
+        search.run(queries.vectors, [i], texts=queries.texts)
         lat.append(time.perf_counter() - s)
     run: dict[str, dict[str, float]] = {}
     for b in range(0, len(queries.qids), 64):
         rows = list(range(b, min(b + 64, len(queries.qids))))
-        for i, hits in zip(rows, search.run(queries.vectors, rows)):
+        for i, hits in zip(rows, search.run(queries.vectors, rows, texts=queries.texts)):
             run[queries.qids[i]] = {h.id: float(h.score) for h in hits}
     return run, lat
 
@@ -155,13 +184,17 @@ def _run(search: Search, queries: QueryVectors, latency_queries: int) -> tuple[d
 def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, embedder,
          lat: list[float]) -> dict[str, Any]:
     st = search.collection.stats()
-    bpd = float(st["bytes_per_doc"])
-    enc_q = queries.seconds[search.query]
+    bpd = float(st["bytes_per_doc"]) if search.query is not None else None  # BM25: its index is not counted
+    enc_q = queries.seconds[search.query] if search.query is not None else 0.0
     if search.companion_query is not None:  # bytes_per_doc of a multi-vector collection counts its companion rows
         enc_q += queries.seconds[search.companion_query]
-    row = {"pooler": v.spec, "mode": v.mode if v.multi else None, "label": v.label,
-           "kind": "multi" if v.multi else "single", "documents": st["documents"],
-           "vectors": st["vectors"], "vectors_per_doc": st["vectors"] / max(st["documents"], 1),
+    lexical = v.mode == BM25
+    row = {"pooler": BM25 if lexical else v.spec,
+           "mode": BM25 if lexical else (f"hybrid {v.mode}" if v.multi else "hybrid") if v.hybrid
+           else v.mode if v.multi else None, "label": v.label,
+           "kind": "lexical" if lexical else "multi" if v.multi else "single", "documents": st["documents"],
+           "vectors": None if lexical else st["vectors"],
+           "vectors_per_doc": None if lexical else st["vectors"] / max(st["documents"], 1),
            "bytes_per_doc": bpd, "encode_s": round(encode_s, 3),
            "query_encode_ms": 1000 * enc_q / max(len(queries.qids), 1),
            "query_encode_single_ms": 1000 * queries.single_query_seconds(embedder, search),
@@ -172,9 +205,10 @@ def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, emb
 
 
 def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: QueryVectors, *,
-                candidates: int, k_token: int, latency_queries: int, log) -> tuple[dict, dict, dict]:
+                candidates: int, k_token: int, latency_queries: int, log, fusion: str = "rrf",
+                weight: float = 0.5) -> tuple[dict, dict, dict]:
     """Embed the queries (what is missing) and search every variant: ``(runs, rows, timings)``."""
-    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token)
+    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token, fusion, weight)
     t_q = time.perf_counter()
     queries.ensure(embedder, [e for s in searches.values() for e in s.embeddings()])
     timings = {"queries_s": time.perf_counter() - t_q}
@@ -190,7 +224,25 @@ def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: Query
     return runs, rows, timings
 
 
-def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, extra: dict | None) -> list[dict]:
+def _hybrid_p_values(qrels: dict, runs: dict, variants: list[Variant], stat_test: str) -> dict[str, dict]:
+    """Per hybrid variant, paired p-values of nDCG@10 against its own vector variant and
+    against BM25 (when evaluated)."""
+    out: dict[str, dict] = {}
+    for v in variants:
+        if not v.hybrid:
+            continue
+        p = {}
+        for key, other in (("p_vs_vector", v.vector), ("p_vs_bm25", BM25)):
+            if other in runs:
+                sc = score_runs(qrels, {other: runs[other], v.label: runs[v.label]}, baseline=other,
+                                stat_test=stat_test, metrics=("ndcg@10",))
+                p[key] = sc[v.label]["p_values"].get("ndcg@10")
+        out[v.label] = p
+    return out
+
+
+def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, extra: dict | None,
+             hybrid_p: dict | None = None) -> list[dict]:
     out = []
     for v in variants:
         r, sc = rows[v.label], scores[v.label]
@@ -199,6 +251,7 @@ def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, e
                     "bytes_per_doc": r["bytes_per_doc"],
                     "p_value": sc["p_values"].get("ndcg@10") if v is not base else None,
                     "p_values": sc["p_values"] or None,
+                    **((hybrid_p or {}).get(v.label) or {}),
                     **{k: r[k] for k in ("documents", "vectors", "vectors_per_doc", "encode_s",
                                          "query_encode_ms", "query_encode_single_ms", "search_ms", "search_p50_ms",
                                          "query_latency_ms")},
@@ -213,7 +266,8 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
                        commit_every: int = 500, storage_precision: str = "float32",
                        progress: bool = True, query_vectors: QueryVectors | None = None,
                        log: Callable[[str], None] | None = None, extra: dict | None = None,
-                       latency_queries: int = 32, **job_options: Any) -> dict[str, Any]:
+                       latency_queries: int = 32, fusion: str = "rrf", weight: float = 0.5,
+                       **job_options: Any) -> dict[str, Any]:
     """Index ``data.corpus`` with every pooler, search every query, score with ranx.
 
     ``job_options``: further :class:`app.indexing.IndexJob` settings (``batch_tokens``,
@@ -234,7 +288,7 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
     if queries.qids != qids:
         raise InvalidError("query_vectors were embedded for other queries")
     with tempfile.TemporaryDirectory(prefix="embedpool-eval-") as tmp:
-        job = IndexJob(embedder, index_dir or tmp, name, list(dict.fromkeys(v.spec for v in variants)),
+        job = IndexJob(embedder, index_dir or tmp, name, list(dict.fromkeys(v.spec for v in variants if v.mode != BM25)),
                        source={"eval": data.info, "documents": len(data.corpus)},
                        companion=companion if need_companion else None, commit_every=commit_every,
                        storage_precision=storage_precision, progress=progress, log=log, **job_options)
@@ -244,10 +298,12 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
             timings = {"index_s": time.perf_counter() - t0}
             log(f"indexed {len(data.corpus)} documents in {timings['index_s']:.1f}s")
             runs, rows, more = _search_all(embedder, job, variants, queries, candidates=candidates,
-                                           k_token=k_token, latency_queries=latency_queries, log=log)
+                                           k_token=k_token, latency_queries=latency_queries, log=log,
+                                           fusion=fusion, weight=weight)
             timings.update(more)
     t_m = time.perf_counter()
     scores = score_runs(data.qrels, runs, baseline=base.label, stat_test=stat_test)
+    hybrid_p = _hybrid_p_values(data.qrels, runs, variants, stat_test)
     timings["metrics_s"] = time.perf_counter() - t_m
     log("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     return {"task": "retrieval", **data.info, "model": embedder.model_id,
@@ -258,4 +314,5 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
                       "docs_per_s": summary["docs_per_s"], "tokens_per_s": summary["tokens_per_s"]},
             "timings": {k: round(v, 2) for k, v in timings.items()},
             "per_query": {v.label: scores[v.label]["per_query"]["ndcg@10"] for v in variants},
-            "results": _results(variants, base, rows, scores, extra)}
+            "fusion": {"fusion": fusion, "weight": weight} if any(v.hybrid for v in variants) else None,
+            "results": _results(variants, base, rows, scores, extra, hybrid_p)}

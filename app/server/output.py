@@ -53,6 +53,18 @@ def output_ranges(precision: str, ranges: list[list[float]] | None, *, normalize
     return arr.astype(np.float32)
 
 
+def sparse_vectors(vectors: list[np.ndarray], precision: str, encoding_format: str) -> list[dict[str, list]]:
+    """A sparse pooler's vectors as ``{indices, values}`` of their non-zero weights (float32 numbers only)."""
+    if precision != "float32" or encoding_format == "base64":
+        raise Invalid("a sparse pooler (splade) answers indices and values as float32 numbers: leave `precision` "
+                      "and `encoding_format` at their defaults", param="precision")
+    out = []
+    for v in vectors:
+        idx = np.flatnonzero(v)
+        out.append({"indices": idx.tolist(), "values": v[idx].astype(float).tolist()})
+    return out
+
+
 def encode_vectors(vectors: list[np.ndarray], precision: str, encoding_format: str,
                    ranges: np.ndarray | None) -> list[Any]:
     """Codes of ``vectors`` in ``precision``, as arrays (JSON numbers) or base64 strings."""

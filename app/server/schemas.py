@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from embedpool.index import SEARCH_MODES
+from embedpool.index import ALL_MODES, FUSIONS, LANGUAGES, SEARCH_MODES
 
 
 def _unicode(value: str) -> str:
@@ -120,9 +120,15 @@ class Usage(BaseModel):
     tokens: int = Field(..., description="tokens of the inputs (after truncation), special tokens included")
 
 
-Embeddings = Annotated[list[Vector] | list[list[Vector]] | list[str], Field(
+class SparseEmbedding(BaseModel):
+    indices: list[int] = Field(..., description="vocabulary ids of the non-zero weights, ascending")
+    values: list[float] = Field(..., description="their weights")
+
+
+Embeddings = Annotated[list[Vector] | list[list[Vector]] | list[str] | list[SparseEmbedding], Field(
     description="per input: a vector (single-vector poolers) or a list of vectors (multi-vector), as numbers, "
-                "or with `encoding_format: base64` one base64 string")]
+                "or with `encoding_format: base64` one base64 string; a sparse pooler (`splade`) gives "
+                "`{indices, values}`")]
 
 
 class EmbedResponse(BaseModel):
@@ -294,6 +300,20 @@ class TEIEmbedRequest(TEIRequest):
                                                         "the server's)")
 
 
+class TEIEmbedSparseRequest(TEIRequest):
+    inputs: TEIInputs
+    truncate: TEITruncate = None
+    truncation_direction: TEITruncationDirection = "right"
+    prompt_name: TEIPromptName = None
+    pooler: PoolerSpec | None = Field(None, description="embedpool extension: a sparse pooler (default `splade`, "
+                                                        "e.g. `splade:top_k=64`)")
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
+
+
 class TEIEmbedAllRequest(TEIRequest):
     inputs: TEIInputs
     truncate: TEITruncate = None
@@ -430,6 +450,9 @@ class CollectionCreate(Strict):
                           "mean for poolers that window long documents, else `mean`). Default: none")
     companion_factory: StrictStr = Field("IDMap2,Flat", max_length=256,
                                          description="multi: FAISS factory of the companion index")
+    analyzer: StrictStr = Field("english", max_length=64, description=(
+        "the lexical (BM25) index's analyzer: a language (" + ", ".join(LANGUAGES) + ") with its stemmer and "
+        "stopwords, options `:stem=false`, `:stopwords=false`; or `none` for no lexical index"))
 
 
 class CollectionInfo(BaseModel):
@@ -451,6 +474,7 @@ class CollectionInfo(BaseModel):
                                                         "`window` (one per window)")
     companion_factory: str = "IDMap2,Flat"
     encoder_precision: str | None = Field(None, description="encoder path the vectors were made with (recorded only)")
+    analyzer: str = Field("none", description="the lexical (BM25) index's analyzer (`none`: no lexical index)")
     documents: int
     created: str | None = None
     updated: str | None = None
@@ -493,13 +517,26 @@ class DocumentOut(BaseModel):
     vector: list[float] | list[Vector] | None = None
 
 
+FILTER_DOC = ("metadata filter, applied inside the search (k hits whenever k documents match): "
+              "`{\"tenant\": \"acme\", \"year\": {\"$gte\": 2020}, \"$or\": [...]}` -- operators $eq $ne $in $nin "
+              "$gt $gte $lt $lte (numbers, ISO 8601 dates) $exists $and $or (docs/api.md#metadata-filters)")
+
+
 class SearchRequest(Strict):
     query: Text | None = Field(None, description="one query (answer: `hits`)")
     queries: list[Text] | None = Field(None, min_length=1, description="several queries (answer: `results`)")
     k: StrictInt = Field(10, ge=1, le=1000)
-    mode: Literal[SEARCH_MODES] = Field(
-        "exhaustive", description="multi-vector collections: exact MaxSim, token-ANN candidates, or "
-                                  "candidates from the companion collection")
+    mode: Literal[ALL_MODES] = Field(
+        "exhaustive", description="`bm25`: the collection's lexical index; `hybrid`: BM25 fused with `vector_mode`; "
+                                  "multi-vector collections: exact MaxSim (`exhaustive`), token-ANN candidates "
+                                  "(`tokens`) or candidates from the companion (`two_stage`)")
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DOC)
+    vector_mode: Literal[SEARCH_MODES] = Field("exhaustive", description="hybrid on a multi-vector collection: "
+                                                                         "the vector mode fused with BM25")
+    fusion: Literal[FUSIONS] = Field("rrf", description="hybrid: reciprocal rank fusion (`rrf`) or min-max "
+                                                        "normalized score fusion (`score`)")
+    weight: float = Field(0.5, ge=0.0, le=1.0, description="hybrid: the vector side's weight (Weaviate's alpha): "
+                                                           "1 vectors only, 0 BM25 only")
     candidates: StrictInt = Field(100, ge=1, le=10000, description="two_stage: candidates from the companion")
     k_token: StrictInt = Field(32, ge=1, le=1024, description="tokens: neighbours per query token")
     include_text: StrictBool = True
@@ -509,6 +546,24 @@ class SearchRequest(Strict):
         if (self.query is None) == (self.queries is None):
             raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list of strings)")
         return self
+
+
+class DocumentsDelete(Strict):
+    ids: list[Annotated[StrictStr, Field(min_length=1, max_length=512)]] | None = Field(
+        None, min_length=1, description="delete these documents (all must exist)")
+    filter: dict[str, Any] | None = Field(None, description="delete every document that matches this metadata "
+                                                           "filter (the syntax of search's `filter`)")
+
+    @model_validator(mode="after")
+    def _one_field(self) -> "DocumentsDelete":
+        if (self.ids is None) == (self.filter is None):
+            raise ValueError("give exactly one of 'ids' (a list of document ids) or 'filter' (a metadata filter)")
+        return self
+
+
+class DocumentsDeleted(BaseModel):
+    deleted: int = Field(..., description="documents deleted")
+    documents: int = Field(..., description="documents in the collection now")
 
 
 class Hit(BaseModel):

@@ -314,6 +314,12 @@ class Collections:
         """``coll.delete(ids)``, committed."""
         self._committed(coll, lambda: coll.delete(ids))
 
+    def delete_where(self, coll: CollectionBase, filter: Any) -> int:
+        """``coll.delete_where(filter)``, committed: how many documents it deleted."""
+        n = [0]
+        self._committed(coll, lambda: n.__setitem__(0, coll.delete_where(filter)))
+        return n[0]
+
     @staticmethod
     def _committed(coll: CollectionBase, write: Callable[[], None]) -> None:
         """``write()`` then commit; if another process committed meanwhile, refresh and retry once."""

@@ -16,6 +16,7 @@ from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
 from ..errors import (BackendError, CollectionNotFoundError, CorruptCollectionError, DocumentNotFoundError,
                       FormatVersionError, InvalidInputError)
+from ..filters import Node, milvus_metadata, to_milvus
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name
 from ..validate import topk
@@ -25,8 +26,8 @@ from .creation import MANIFEST_KEY, create_if_absent, damage, describe, repair
 from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
 from .names import milvus_name, pk, quote
 from .packed import Packing
-from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, companion_name, doc_counts,
-                     text_and_metadata, tokens_name, vector_rows, with_stand_ins)
+from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, SPARSE_FIELD, companion_name,
+                     doc_counts, text_and_metadata, tokens_name, vector_rows, with_stand_ins)
 
 log = logging.getLogger("embedpool.index")
 
@@ -35,6 +36,9 @@ _BATCH_BYTES = 8 << 20  # rows per insert/upsert call: ~8 MB of vectors
 _FETCH_ROWS = 4096  # rows per get() by primary key
 _DELETE_ROWS = 16_384  # primary keys per delete call
 _SCAN_BYTES = 64 << 20  # Milvus Lite: bytes per page of a full scan (its gRPC limit is 256 MB)
+#: a filtered token or companion search names the matching documents in its expression
+#: (``doc_id in [...]``) when there are at most this many; more are over-fetched and checked
+MAX_IN_IDS = 16_384
 
 
 def _rows(result: Any) -> list[dict]:
@@ -201,7 +205,7 @@ class MilvusCollection(CollectionBase):
         if not ids:
             return
         _check_sizes(ids, texts_)
-        meta = [None if m is None else json.loads(m) for m in metas]
+        meta = [None if m is None else milvus_metadata(json.loads(m)) for m in metas]
         seq = InsertionClock.take(len(ids))
         with self._wlock:
             self._check_open()
@@ -356,48 +360,103 @@ class MilvusCollection(CollectionBase):
                          search_params={"metric_type": metric_type, "params": search_params(base, limit)},
                          **kwargs)
 
-    def _search_single(self, x: np.ndarray, k: int) -> list[list[Hit]]:
+    def _expr(self, flt: Node | None, heads: bool = True) -> str:
+        """The Milvus filter expression of ``flt`` over the document rows (multi: their part 0,
+        which carries the metadata); empty for no filter."""
+        if flt is None:
+            return "part == 0" if self._multi and heads else ""
+        e = to_milvus(flt)
+        return f"part == 0 and {e}" if self._multi else e
+
+    def _matching(self, flt: Node) -> list[str]:
+        """The ids of the documents that match ``flt``."""
+        field = "doc_id" if self._multi else "id"
+        return sorted(r[field] for r in self._scan(self._expr(flt), [field]))
+
+    def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
         if not len(x):
             return []
-        res = self._ann(x, k, self._doc_fields)
+        res = self._filtered_ann(x, k, self._doc_fields, flt)
         return [[Hit(h["id"], float(h["distance"]), *text_and_metadata(h["entity"])) for h in row] for row in res]
 
-    def _candidate_ids(self, x: np.ndarray, k: int) -> list[list[str]]:
+    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
         if not len(x):
             return []
-        return [[h["id"] for h in row] for row in self._ann(x, k, [])]
+        return [[h["id"] for h in row] for row in self._filtered_ann(x, k, [], flt)]
 
-    def _search_exhaustive(self, qs: list[np.ndarray], k: int) -> list[list[Hit]]:
-        codes, scales, offsets, doc_ids = self._fetch_codes(None)
+    def _filtered_ann(self, x: np.ndarray, k: int, fields: list[str], flt: Node | None) -> list[list[dict]]:
+        """Single-vector top-k with the filter in Milvus' search. An approximate index (HNSW,
+        IVF) can return fewer than ``k`` matching rows where ``k`` exist (Milvus Lite does
+        with few matches): such queries are answered exactly over the matching rows, read
+        with their vectors, when they are at most :data:`MAX_IN_IDS`."""
+        expr = self._expr(flt)
+        res = [list(r) for r in self._ann(x, k, fields, filter=expr)]
+        if flt is None or milvus_index(self.spec.factory)[0] == "FLAT":
+            return res
+        short = [j for j, r in enumerate(res) if len(r) < min(k, MAX_TOPK)]
+        if not short:
+            return res
+        n = self._count(expr)
+        short = [j for j in short if len(res[j]) < min(k, n)]
+        if not short or n > MAX_IN_IDS:
+            return res
+        rows = self._scan(expr, ["id", "vector", *fields])
+        v = np.asarray([r["vector"] for r in rows], np.float32)
+        for j in short:
+            d = v @ x[j] if self.spec.metric == "ip" else ((v - x[j]) ** 2).sum(axis=1)
+            order = np.argsort(-d if self.spec.metric == "ip" else d, kind="stable")[:k]
+            res[j] = [{"id": rows[i]["id"], "distance": float(d[i]), "entity": rows[i]} for i in order]
+        return res
+
+    def _search_exhaustive(self, qs: list[np.ndarray], k: int, flt: Node | None = None) -> list[list[Hit]]:
+        heads: list[dict] = []
+        codes, scales, offsets, doc_ids = self._fetch_codes(None if flt is None else self._matching(flt), heads)
         scores = maxsim_scores(qs, codes, offsets, scales)
-        return self._hits([topk(s, doc_ids, k) for s in scores])
+        return self._hits([topk(s, doc_ids, k) for s in scores], self._head_docs(heads) if flt is not None else None)
 
-    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int) -> list[list[Hit]]:
-        res = self._ann(np.concatenate(qs), k_token, ["doc_id"], coll=self._tname)
+    def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
+                       flt: Node | None = None) -> list[list[Hit]]:
+        ids = None if flt is None else self._matching(flt)
+        expr = "" if ids is None or len(ids) > MAX_IN_IDS else f"doc_id in [{', '.join(map(quote, ids))}]"
+        if ids is not None and not ids:
+            return [[] for _ in qs]
+        res = self._ann(np.concatenate(qs), k_token, ["doc_id"], coll=self._tname, filter=expr)
+        keep = None if ids is None else set(ids)
         cands, start = [], 0
         for q in qs:
-            cands.append(list(dict.fromkeys(h["entity"]["doc_id"] for row in res[start:start + len(q)]
-                                            for h in row)))
+            c = list(dict.fromkeys(h["entity"]["doc_id"] for row in res[start:start + len(q)] for h in row
+                                   if keep is None or h["entity"]["doc_id"] in keep))
+            # the token ANN may reach fewer than k matching documents: then all of them
+            cands.append(ids if ids is not None and len(c) < min(k, len(ids)) else c)
             start += len(q)
         return self._rerank(qs, cands, k)
 
     def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
-                          k: int) -> list[list[Hit]]:
-        return self._rerank(qs, self._companion_candidates(cq, min(candidates, MAX_TOPK)), k)
+                          k: int, flt: Node | None = None) -> list[list[Hit]]:
+        if flt is None:
+            return self._rerank(qs, self._companion_candidates(cq, min(candidates, MAX_TOPK)), k)
+        ids = self._matching(flt)
+        if len(ids) <= candidates:  # every matching document is a candidate
+            return self._rerank(qs, [ids] * len(qs), k)
+        return self._rerank(qs, self._companion_candidates(cq, min(candidates, MAX_TOPK), ids), k)
 
-    def _companion_candidates(self, cq: np.ndarray, k: int) -> list[list[str]]:
+    def _companion_candidates(self, cq: np.ndarray, k: int, ids: list[str] | None = None) -> list[list[str]]:
         """Per companion query, the ``k`` distinct documents of the best companion rows (fewer
         if the collection has fewer), best first. One grouping search (``group_by_field``: a
         Milvus server keeps searching until it has ``k`` groups; Milvus Lite groups the best
         ``10 k`` rows, which hold fewer documents when documents have many rows); a query left
         short of ``k`` (or every query, where Milvus cannot group) is over-fetched: plain
         searches of ever more rows (x4) until ``k`` documents are found or every row was seen
-        (a search returned fewer rows than asked for, or Milvus' limit of :data:`MAX_TOPK`)."""
+        (a search returned fewer rows than asked for, or Milvus' limit of :data:`MAX_TOPK`).
+        ``ids``: only these documents (a metadata filter's): named in the expression when they
+        are at most :data:`MAX_IN_IDS`, else the rows of others are skipped."""
         out: list[list[str]] = [[] for _ in range(len(cq))]
+        expr = "" if ids is None or len(ids) > MAX_IN_IDS else f"doc_id in [{', '.join(map(quote, ids))}]"
+        keep = None if ids is None else set(ids)
         if self._group_by:
             try:
-                res = self._ann(cq, k, ["doc_id"], coll=self._cname, group_by_field="doc_id")
-                out = [_distinct_docs(row, k) for row in res]
+                res = self._ann(cq, k, ["doc_id"], coll=self._cname, group_by_field="doc_id", filter=expr)
+                out = [_distinct_docs(row, k, keep) for row in res]
             except BackendError as e:
                 if self._conn.broken:  # unreachable: not a refusal to group
                     raise
@@ -406,16 +465,20 @@ class MilvusCollection(CollectionBase):
         todo = [j for j, docs in enumerate(out) if len(docs) < k]
         kk = min(MAX_TOPK, 4 * k + 16)
         while todo:
-            res = self._ann(cq[todo], kk, ["doc_id"], coll=self._cname)
+            res = self._ann(cq[todo], kk, ["doc_id"], coll=self._cname, filter=expr)
             short = []
             for j, row in zip(todo, res):
-                out[j] = _distinct_docs(row, k)
+                out[j] = _distinct_docs(row, k, keep)
                 if len(out[j]) < k and len(row) == kk < MAX_TOPK:
                     short.append(j)  # more rows to see
             todo, kk = short, min(MAX_TOPK, 4 * kk)
         return out
 
-    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int) -> list[list[Hit]]:
+    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
+                flt: Node | None = None) -> list[list[Hit]]:
+        if flt is not None:
+            keep = set(self._matching(flt))
+            ext_lists = [[e for e in lst if e in keep] for lst in ext_lists]
         union = sorted({e for lst in ext_lists for e in lst})
         heads: list[dict] = []  # part 0 rows carry text and metadata: no second query for the hits
         codes, scales, offsets, doc_ids = self._fetch_codes(union, heads)
@@ -425,7 +488,33 @@ class MilvusCollection(CollectionBase):
             idx = np.array([where[e] for e in dict.fromkeys(lst) if e in where], dtype=np.int64)
             s = maxsim_scores([q], codes, offsets, scales, doc_idx=idx)[0]
             out.append(topk(s, doc_ids[idx], k))
-        return self._hits(out, {h["doc_id"]: text_and_metadata(h) for h in heads})
+        return self._hits(out, self._head_docs(heads))
+
+    @staticmethod
+    def _head_docs(heads: list[dict]) -> dict[str, tuple[str | None, dict | None]]:
+        """doc id -> (text, metadata) of document rows (part 0) read with their codes."""
+        return {h["doc_id"]: text_and_metadata(h) for h in heads}
+
+    def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
+        """BM25 by Milvus' own full-text search (the BM25 function of the ``text`` field)."""
+        if not self._manifest.get("milvus_full_text"):
+            raise InvalidInputError(
+                f"collection {self.name!r} in Milvus at {self.uri} has no full-text (BM25) index: "
+                + ("the Milvus server it was created on had no full-text search (Milvus 2.5 and later have it)"
+                   if self.spec.lexical else "it was created without one (analyzer 'none')"))
+        field = "doc_id" if self._multi else "id"
+        res = self._rpc(f"search of {self.name!r}", "search", data=list(texts), limit=min(k, MAX_TOPK),
+                        anns_field=SPARSE_FIELD, output_fields=[field, *self._doc_fields], filter=self._expr(flt),
+                        search_params={"metric_type": "BM25"})
+        # Milvus Lite reports BM25 negated (best first, most negative); servers positive
+        return [[Hit(h["entity"].get(field, h.get("id")), abs(float(h["distance"])), *text_and_metadata(h["entity"]))
+                 for h in row] for row in res]
+
+    def _delete_where(self, flt: Node) -> int:
+        with self._wlock:
+            ids = self._matching(flt)
+        self.delete(ids)
+        return len(ids)
 
     def _open_sibling(self, name: str) -> "MilvusCollection":
         return MilvusCollection.open(self.uri, name, token=self._token)
@@ -591,9 +680,11 @@ class MilvusCollection(CollectionBase):
                           location=f"Milvus at {self.uri}", companion_rows=comp_rows)
 
 
-def _distinct_docs(hits: list[dict], k: int) -> list[str]:
-    """The first ``k`` distinct documents of search hits (rows with a ``doc_id``), in order."""
-    return list(dict.fromkeys(h["entity"]["doc_id"] for h in hits))[:k]
+def _distinct_docs(hits: list[dict], k: int, keep: set[str] | None = None) -> list[str]:
+    """The first ``k`` distinct documents of search hits (rows with a ``doc_id``), in order
+    (``keep``: only these)."""
+    docs = (h["entity"]["doc_id"] for h in hits)
+    return list(dict.fromkeys(d for d in docs if keep is None or d in keep))[:k]
 
 
 def _vector_rows(doc_id: str, vectors: np.ndarray) -> Iterator[dict]:

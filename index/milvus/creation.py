@@ -40,7 +40,7 @@ from ..errors import CollectionNotFoundError, CorruptCollectionError, NotACollec
 from ..spec import CollectionSpec, new_manifest, parse_manifest
 from .connection import ClientPool, Connection, is_lite
 from .names import embedpool_name, milvus_name
-from .schema import NULLS, hidden_names, layout_record, schema, vector_rows, vector_rows_schema
+from .schema import NULLS, full_text, hidden_names, layout_record, schema, vector_rows, vector_rows_schema
 
 log = logging.getLogger("embedpool.index")
 
@@ -150,7 +150,8 @@ def _create(conn: Connection, name: str, mname: str, spec: CollectionSpec) -> No
                 client.create_index(rname, rindex, sync=sync)
             client.create_index(mname, index_params, sync=sync)
             extra = {"milvus_layout": layout_record()} if spec.kind == "multi" else {}
-            manifest = new_manifest(name, spec, now_iso(), backend="milvus", **extra)
+            manifest = new_manifest(name, spec, now_iso(), backend="milvus",
+                                    milvus_full_text=full_text(spec, features), **extra)
             client.alter_collection_properties(mname, properties={MANIFEST_KEY: json.dumps(manifest)})
     except BaseException as e:
         if made:

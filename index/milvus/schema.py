@@ -31,6 +31,14 @@
     follows from the manifest's ``companion_pooler`` (such a manifest has ``format_version`` 2,
     which an embedpool that knows no companions refuses to open).
 
+Full text (layout 2 still: a collection made without it reads the same): where the spec has an
+analyzer and the server has full-text search (``MilvusFeatures.full_text``: Milvus 2.5+, Milvus
+Lite), the document rows' ``text`` field is analyzed (:func:`index.lexical.milvus_analyzer`) and
+a BM25 function fills the sparse vector field ``sparse`` from it -- Milvus' own BM25; the
+manifest records ``milvus_full_text``. Metadata is the user's JSON plus, for its ISO date
+strings, their instants under ``_embedpool_dates`` (what date-range filters compare;
+:func:`index.filters.milvus_metadata`), which :func:`text_and_metadata` takes out again.
+
 Why base64 in VARCHAR: Milvus Lite 3.2 has no BINARY_VECTOR or bytes field (its error lists BOOL,
 INT*, FLOAT, DOUBLE, VARCHAR, JSON, ARRAY, GEOMETRY, TIMESTAMPTZ, FLOAT_VECTOR,
 SPARSE_FLOAT_VECTOR), and a VARCHAR must be valid UTF-8 (raw bytes as latin-1 characters were
@@ -45,6 +53,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..filters import user_metadata
+from ..lexical import milvus_analyzer, parse_analyzer
 from ..spec import CollectionSpec
 from .mapping import metric, milvus_index, vector_factory
 from .versions import MilvusFeatures
@@ -58,6 +68,7 @@ ELEMENT_CHARS = 65_532  # base64 characters per ARRAY element: <= 65,535 and a m
 ROW_ELEMENTS = 16
 FETCH_DOCS = 128  # first parts per fetch query: <= 128 rows of <= ~1 MB
 TOKENS_SUFFIX = "__tokens"
+SPARSE_FIELD = "sparse"  # BM25 vectors of the text (full text)
 COMPANION_SUFFIX = "__companion"
 NULLS = "nulls"  # without nullable fields: bit 1 = no text, bit 2 = no metadata
 _NO_TEXT, _NO_METADATA = 1, 2
@@ -116,7 +127,7 @@ def text_and_metadata(row: dict) -> tuple[str | None, Any]:
     """``(text, metadata)`` of a row read with its ``nulls`` field (if the collection has one)."""
     nulls = row.get(NULLS) or 0
     return (None if nulls & _NO_TEXT else row.get("text"),
-            None if nulls & _NO_METADATA else row.get("metadata"))
+            None if nulls & _NO_METADATA else user_metadata(row.get("metadata")))
 
 
 def _index(client: Any, field: str, spec: CollectionSpec, features: MilvusFeatures) -> Any:
@@ -130,10 +141,17 @@ def _index(client: Any, field: str, spec: CollectionSpec, features: MilvusFeatur
     return index_params
 
 
+def full_text(spec: CollectionSpec, features: MilvusFeatures) -> bool:
+    """A collection of ``spec`` made on a Milvus with ``features`` has Milvus' BM25 (its text
+    analyzed, a BM25 function, the ``sparse`` field)."""
+    return spec.lexical and features.full_text
+
+
 def schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple[Any, Any]:
     """``(schema, index params)`` of the (document-row) Milvus collection for ``spec`` on a
-    Milvus with ``features``."""
-    from pymilvus import DataType
+    Milvus with ``features`` (with :func:`full_text`: the analyzed text, its BM25 sparse vectors
+    and their index)."""
+    from pymilvus import DataType, Function, FunctionType
 
     sch = client.create_schema(auto_id=False, enable_dynamic_field=False)
     if spec.kind == "multi":
@@ -149,18 +167,27 @@ def schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple
         sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         sch.add_field("seq", DataType.INT64)
         sch.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
+    analyzed = ({"enable_analyzer": True, "analyzer_params": milvus_analyzer(parse_analyzer(spec.analyzer))}
+                if full_text(spec, features) else {})
     if features.nullable:
-        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True)
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, nullable=True, **analyzed)
         sch.add_field("metadata", DataType.JSON, nullable=True)
     else:  # never `nullable=True` there: 2.3 and 2.4 accept it and drop it silently
-        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+        sch.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, **analyzed)
         sch.add_field("metadata", DataType.JSON)
         sch.add_field(NULLS, DataType.INT8)
+    if analyzed:
+        sch.add_field(SPARSE_FIELD, DataType.SPARSE_FLOAT_VECTOR)
+        sch.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
+                                  output_field_names=[SPARSE_FIELD]))
     if spec.kind != "multi":
-        return sch, _index(client, "vector", spec, features)
-    index_params = client.prepare_index_params()
-    index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
-    index_params.add_index(field_name="doc_id", index_type=features.scalar_index)
+        index_params = _index(client, "vector", spec, features)
+    else:
+        index_params = client.prepare_index_params()
+        index_params.add_index(field_name="stub", index_type="FLAT", metric_type="IP")
+        index_params.add_index(field_name="doc_id", index_type=features.scalar_index)
+    if analyzed:
+        index_params.add_index(field_name=SPARSE_FIELD, index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
     return sch, index_params
 
 

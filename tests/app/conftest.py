@@ -226,6 +226,22 @@ def prompted_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def splade_server(tmp_path_factory):
+    """A server running a tiny SPLADE model (tests/splade_testutil.py; started on first use);
+    ``reference`` is sentence-transformers' SparseEncoder on the same folder."""
+    from splade_testutil import make_splade_model
+
+    base = tmp_path_factory.mktemp("splade")
+    path, st = make_splade_model(base)
+    srv = Server(base / "server", {"EMBEDPOOL_MODEL": path, "EMBEDPOOL_PRECISION": "fp32"})
+    srv.reference = st
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
 def scale_server(tmp_path_factory):
     """Small work limits (30,000 tokens, 10,000 vectors per request) for the long-input tests,
     started only when they run. A fixed mmap threshold makes glibc return freed blocks at once,

@@ -141,6 +141,41 @@ def test_eval_without_latency_queries_reports_no_search_time(embedder, scifact, 
     assert row["search_ms"] is None and 0 <= row["ndcg@10"] <= 1
 
 
+def test_bm25_and_hybrid_rows_beside_the_pooler(embedder, scifact, tmp_path, monkeypatch, capsys):
+    """--mode bm25,hybrid: a BM25 row whose nDCG@10 is bm25s' own on the slice (same tokenization,
+    scores ranked by ranx here), and per pooler a hybrid row; at --weight 1 the hybrid row is the
+    vector row exactly (its paired p-value against it is 1)."""
+    import bm25s
+    import Stemmer
+
+    from embedpool.app import cli
+    from embedpool.app.commands import eval as eval_cmd
+
+    monkeypatch.setattr(eval_cmd, "load_embedder", lambda settings: embedder)
+    out = tmp_path / "report.json"
+    assert cli.main(["eval", "--data", str(scifact.info["path"]), "--max-docs", "16", "--seed", "2",
+                     "--latency-queries", "1", "--pooler", "mean", "--mode", "bm25,hybrid", "--weight", "1",
+                     "--out", str(out), "--no-progress"]) == 0
+    assert "p vs bm25" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    rows = {r["label"]: r for r in report["results"]}
+    assert list(rows) == ["bm25", "mean", "mean [hybrid]"] and report["baseline"] == "mean"
+    assert rows["bm25"]["kind"] == "lexical" and rows["mean [hybrid]"]["mode"] == "hybrid"
+    assert rows["mean [hybrid]"]["ndcg@10"] == rows["mean"]["ndcg@10"] and rows["mean [hybrid]"]["p_vs_vector"] == 1.0
+    assert 0 <= rows["mean [hybrid]"]["p_vs_bm25"] <= 1 and 0 <= rows["bm25"]["p_value"] <= 1
+    sl = datasets.slice_beir(scifact, 16, seed=2)
+    stem = Stemmer.Stemmer("english").stemWords
+    ref = bm25s.BM25(method="robertson", k1=1.2, b=0.75)
+    ref.index(bm25s.tokenize([r.text for r in sl.corpus], stemmer=stem, show_progress=False), show_progress=False)
+    run = {}
+    for q in sl.qrels:
+        terms = bm25s.tokenize([sl.queries[q]], stemmer=stem, return_ids=False, show_progress=False)[0]
+        scores = ref.get_scores(list(dict.fromkeys(terms))) if terms else []
+        run[q] = {r.id: float(x) for r, x in zip(sl.corpus, scores) if x > 0}
+    assert rows["bm25"]["ndcg@10"] == pytest.approx(ev.score_runs(sl.qrels, {"ref": run})["ref"]["metrics"]["ndcg@10"],
+                                                    abs=1e-9)
+
+
 def test_sts_eval_on_a_slice(embedder, data_dir, tmp_path):
     pairs = datasets.load_sts(data_dir / "stsb", "test")[:150]
     report = ev.evaluate_sts(embedder, pairs, ["mean", "cls"])

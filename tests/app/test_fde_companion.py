@@ -13,7 +13,7 @@ from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path)
 
 from embedpool.app.datasets import CorpusSource
 from embedpool.app.indexing import IndexJob
-from embedpool.index import CollectionSpec, SpecMismatchError, open_collection
+from embedpool.index import FORMAT_VERSION, CollectionSpec, SpecMismatchError, open_collection
 
 N_DOCS = 40
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -38,7 +38,7 @@ def test_index_job_with_fde_companion_and_two_stage_search(embedder, data_dir, t
         assert spec.companion_pooler == fde.spec and "k_sim=" in spec.companion_pooler and "seed=" in fde.spec
         assert spec.companion_dim == fde.output_dim(384) and spec.companion_factory == "HNSW32"
         assert (spec.companion_rows, spec.companion) == ("document", None)
-        assert coll.manifest["companion_pooler"] == fde.spec and coll.manifest["format_version"] == 2
+        assert coll.manifest["companion_pooler"] == fde.spec and coll.manifest["format_version"] == FORMAT_VERSION
         assert coll.stats()["companion_rows"] == 16
         np.testing.assert_allclose(coll.get(recs[3].id)["companion"][0],
                                    embedder.embed([recs[3].text], [fde.spec]).vectors[fde.spec][0], atol=1e-5)

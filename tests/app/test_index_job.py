@@ -199,3 +199,24 @@ def test_resume_records_but_does_not_compare_the_encoder_path():
     old = {"model": "m", "encoder_precision": "fp32", "pooler": "mean"}
     assert _diff_settings(old, {**old, "encoder_precision": "openvino-bf16"}) == []
     assert _diff_settings(old, {**old, "pooler": "cls"}) == ["pooler: 'mean' then, 'cls' now"]
+
+
+def test_the_analyzer_is_a_collection_setting(embedder, tmp_path):
+    """``--analyzer`` reaches the collections' spec (and so their BM25 index); a bad one is
+    refused naming the flag, before anything is created; ``none`` keeps no lexical index."""
+    from embedpool.index import InvalidInputError, open_collection
+
+    with pytest.raises(IndexJobError, match="--analyzer: .*unknown language 'klingon'"):
+        IndexJob(embedder, tmp_path, "bad", ["mean"], analyzer="klingon", progress=False)
+    assert not (tmp_path / "bad").exists()
+    docs = [Record("a", "Die Katzen laufen schnell nach Hause"), Record("b", "Der Hund schläft")]
+    for analyzer, name in (("german", "de"), ("none", "plain")):
+        with IndexJob(embedder, tmp_path, name, ["mean"], analyzer=analyzer, progress=False) as job:
+            job.run(docs)
+        with open_collection(tmp_path, name) as coll:
+            assert coll.spec.analyzer == analyzer
+            if analyzer == "none":
+                with pytest.raises(InvalidInputError, match="no lexical index"):
+                    coll.search(k=2, mode="bm25", texts=["Katze"])
+            else:  # the German stemmer: 'Katze' finds 'Katzen'
+                assert [h.id for h in coll.search(k=2, mode="bm25", texts=["Katze"])[0]] == ["a"]

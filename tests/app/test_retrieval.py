@@ -38,13 +38,25 @@ DOCS = [
 QUERIES = ["a kitten on a rug", "finance news", "rain this weekend", "baking", "sports match",
            "how do plants make food", "computing with qubits", "pets playing outside"]
 K, CANDIDATES = 3, 3
+#: metadata of DOCS: a year per document and a topic some lack
+META = [{"year": 2000 + i, **({"topic": ["pets", "finance", "weather"][i % 3]} if i % 4 else {})}
+        for i in range(len(DOCS))]
+#: the search options of the cases besides (mode, candidates): lexical modes, fusion, filters
+OPTIONS = {
+    "plain": {},
+    "bm25": {"mode": "bm25", "filter": {"year": {"$gte": 2002}}},
+    "hybrid": {"mode": "hybrid", "vector_mode": "two_stage", "fusion": "rrf", "weight": 0.6,
+               "filter": {"topic": {"$in": ["pets", "weather"]}}},
+    "hybrid-score": {"mode": "hybrid", "fusion": "score", "weight": 0.3, "filter": {"topic": {"$ne": "finance"}}},
+    "filtered": {"filter": {"$or": [{"year": {"$lt": 2004}}, {"topic": "weather"}]}},
+}
 
 
 @pytest.fixture(scope="module")
 def collections(server):
     """On the test server: a tokens collection whose companion is ``max``-pooled, unnormalized,
     L2; and a single-vector collection of unnormalized mean vectors under L2."""
-    docs = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)]
+    docs = [{"id": f"d{i}", "text": t, "metadata": META[i]} for i, t in enumerate(DOCS)]
     # the older kind: a companion collection named in the spec (POST /collections takes a pooler now)
     open_collection(server.data_dir, "agree-mv", CollectionSpec(
         kind="multi", model="sentence-transformers/all-MiniLM-L6-v2", pooler="tokens", dim=384,
@@ -61,51 +73,118 @@ def collections(server):
     return ["agree-mv", "agree-own", "agree-l2"]
 
 
-def _http(client, name: str, mode: str) -> list[list[str]]:
+def _http(client, name: str, mode: str, options: dict | None = None) -> list[list[str]]:
     r = client.post(f"/collections/{name}/search", json={"queries": QUERIES, "k": K, "mode": mode,
-                                                          "candidates": CANDIDATES, "include_text": False})
+                                                          "candidates": CANDIDATES, "include_text": False,
+                                                          **(options or {})})
     assert r.status_code == 200, r.text
     return [[h["id"] for h in hits] for hits in r.json()["results"]]
 
 
-def _cli(server, embedder, monkeypatch, capsys, name: str, mode: str) -> list[list[str]]:
+def _cli(server, embedder, monkeypatch, capsys, name: str, mode: str, options: dict | None = None) -> list[list[str]]:
     from embedpool.app import cli
     from embedpool.app.commands import search as search_cmd
 
     monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
-    args = ["search", "--data-dir", str(server.data_dir), "--collection", name, "-k", str(K), "--mode", mode,
-            "--candidates", str(CANDIDATES), "--no-text"]
+    o = dict(options or {})
+    args = ["search", "--data-dir", str(server.data_dir), "--collection", name, "-k", str(K), "--mode",
+            o.pop("mode", mode), "--candidates", str(CANDIDATES), "--no-text"]
+    if "filter" in o:
+        args += ["--filter", json.dumps(o.pop("filter"))]
+    args += [x for k, v in o.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     assert cli.main(args + [x for q in QUERIES for x in ("--query", q)]) == 0
     return [[h["id"] for h in json.loads(line)["hits"]] for line in capsys.readouterr().out.splitlines()]
 
 
-def _eval(server, embedder, name: str, mode: str) -> list[list[str]]:
+def _eval(server, embedder, name: str, mode: str, options: dict | None = None) -> list[list[str]]:
     """What ``embedpool eval`` runs: the queries embedded once per embedding the searches need
     (:class:`QueryVectors`), then :meth:`Search.run` on rows of them."""
     from embedpool.app.evaluation import QueryVectors
 
+    o = {"mode": mode, **(options or {})}
     with open_collection(server.data_dir, name) as coll:
-        need = retrieval.companion_name(coll.spec, mode, name)
+        need = retrieval.companion_name(coll.spec, o["mode"], name, o.get("vector_mode", "exhaustive"))
         comp = open_collection(server.data_dir, need) if need else None
         try:
-            search = retrieval.Search(coll, embedder.dim, k=K, mode=mode, candidates=CANDIDATES, companion=comp)
+            search = retrieval.Search(coll, embedder.dim, k=K, candidates=CANDIDATES, companion=comp, **o)
             queries = QueryVectors([str(i) for i in range(len(QUERIES))], QUERIES, latency_queries=0)
             queries.ensure(embedder, search.embeddings())
-            hits = [h for i in range(len(QUERIES)) for h in search.run(queries.vectors, [i])]
+            hits = [h for i in range(len(QUERIES)) for h in search.run(queries.vectors, [i], texts=QUERIES)]
         finally:
             if comp is not None:
                 comp.close()
     return [[h.id for h in hs] for hs in hits]
 
 
-@pytest.mark.parametrize("name,mode", [("agree-mv", "two_stage"), ("agree-mv", "exhaustive"),
-                                       ("agree-own", "two_stage"), ("agree-l2", "exhaustive")])
+@pytest.mark.parametrize("name,mode,options", [
+    ("agree-mv", "two_stage", "plain"), ("agree-mv", "exhaustive", "plain"), ("agree-own", "two_stage", "plain"),
+    ("agree-l2", "exhaustive", "plain"), ("agree-l2", "exhaustive", "bm25"), ("agree-own", "exhaustive", "hybrid"),
+    ("agree-l2", "exhaustive", "hybrid-score"), ("agree-own", "two_stage", "filtered")])
 def test_http_cli_and_eval_give_the_same_hits(collections, server, client, embedder, monkeypatch, capsys,
-                                              name, mode):
-    http = _http(client, name, mode)
-    assert _cli(server, embedder, monkeypatch, capsys, name, mode) == http
-    assert _eval(server, embedder, name, mode) == http
-    assert all(len(h) == K for h in http)
+                                              name, mode, options):
+    o = OPTIONS[options]
+    http = _http(client, name, mode, o)
+    assert _cli(server, embedder, monkeypatch, capsys, name, mode, o) == http
+    assert _eval(server, embedder, name, mode, o) == http
+    flt = o.get("filter")
+    for hits in http:  # the filter holds: every hit matches it, and K come back where K match
+        matching = [i for i in range(len(DOCS)) if _matches(flt, META[i])]
+        assert all(int(h[1:]) in matching for h in hits)
+        if o.get("mode") != "bm25":  # BM25 returns only documents with a query term
+            assert len(hits) == min(K, len(matching))
+
+
+def _matches(flt: dict | None, m: dict) -> bool:
+    """The filters of OPTIONS, as plain Python."""
+    if flt is None:
+        return True
+    return {"{'year': {'$gte': 2002}}": lambda: m["year"] >= 2002,
+            "{'topic': {'$in': ['pets', 'weather']}}": lambda: m.get("topic") in ("pets", "weather"),
+            "{'topic': {'$ne': 'finance'}}": lambda: m.get("topic") != "finance",
+            "{'$or': [{'year': {'$lt': 2004}}, {'topic': 'weather'}]}": lambda: m["year"] < 2004
+            or m.get("topic") == "weather"}[str(flt)]()
+
+
+def test_bm25_over_http_is_the_collections_lexical_index(collections, client):
+    """BM25 hits name the documents that share a query term (stemmed: 'sleeping' finds 'sleep'),
+    best first; a query of stopwords only finds nothing."""
+    r = client.post("/collections/agree-l2/search", json={"queries": ["sleeping cats", "the and of"], "k": 5,
+                                                          "mode": "bm25"})
+    assert r.status_code == 200, r.text
+    first, stop = r.json()["results"]
+    assert [h["id"] for h in first][:1] == ["d1"] and {h["id"] for h in first} == {"d0", "d1"} and stop == []
+    assert first[0]["score"] > first[1]["score"] > 0
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"filter": {"year": {"$gte": "soon"}}}, "filter: 'year': \\$gte 'soon' is not a number or an ISO 8601 date"),
+    ({"filter": {"topic": {"$regex": "x"}}}, "unknown operator '\\$regex'"),
+    ({"mode": "hybrid", "weight": 2}, "weight"),
+    ({"mode": "nope"}, "mode"),
+])
+def test_bad_search_options_are_422_saying_what_is_wrong(collections, client, body, message):
+    import re
+
+    r = client.post("/collections/agree-l2/search", json={"query": "cats", **body})
+    assert r.status_code == 422, r.text
+    assert re.search(message, r.text), r.text
+
+
+def test_delete_by_filter_over_http(server, client):
+    name = "del-filter"
+    assert client.post("/collections", json={"name": name, "pooler": "mean"}).status_code in (200, 201)
+    docs = [{"id": f"d{i}", "text": t, "metadata": META[i]} for i, t in enumerate(DOCS)]
+    assert client.post(f"/collections/{name}/documents", json=docs).status_code == 200
+    r = client.post(f"/collections/{name}/documents/delete", json={"filter": {"topic": "finance"}})
+    assert r.status_code == 200, r.text
+    gone = {f"d{i}" for i, m in enumerate(META) if m.get("topic") == "finance"}
+    assert r.json() == {"deleted": len(gone), "documents": len(DOCS) - len(gone)}
+    hits = client.post(f"/collections/{name}/search", json={"query": "stock markets", "k": 20}).json()["hits"]
+    assert {h["id"] for h in hits} == {f"d{i}" for i in range(len(DOCS))} - gone
+    r = client.post(f"/collections/{name}/documents/delete", json={"ids": ["d0", "d0"]})
+    assert r.json() == {"deleted": 1, "documents": len(DOCS) - len(gone) - 1}
+    assert client.post(f"/collections/{name}/documents/delete", json={"filter": {"$or": 3}}).status_code == 422
+    assert client.post(f"/collections/{name}/documents/delete", json={}).status_code == 422
 
 
 def test_the_companion_is_searched_with_its_own_embedding(collections, server, client, embedder):

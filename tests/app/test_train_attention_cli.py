@@ -22,6 +22,18 @@ def _sts(folder, split: str, n: int) -> None:
     (folder / f"{split}.tsv").write_text("\n".join(rows) + "\n")
 
 
+def _beir(beir):
+    """A BEIR folder: every sentence a document, its upper-cased copy the query (train qrels)."""
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                               for i, t in enumerate(SENTENCES)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t.upper()}) + "\n"
+                                                for i, t in enumerate(SENTENCES)))
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                              + "".join(f"q{i}\td{i}\t1\n" for i in range(8)))
+    return beir
+
+
 def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
     sts = tmp_path / "sts"
@@ -37,14 +49,7 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
     assert cli.main(["train-attention", "--sts", str(sts), "--dev-split", "test", "--out", str(out)]) == 2
     assert "must not look at the test split" in capsys.readouterr().err
 
-    beir = tmp_path / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
-                                               for i, t in enumerate(SENTENCES)))
-    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t.upper()}) + "\n"
-                                                for i, t in enumerate(SENTENCES)))
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                              + "".join(f"q{i}\td{i}\t1\n" for i in range(8)))
+    beir = _beir(tmp_path / "beir")
     assert cli.main(["train-attention", "--data", str(beir), "--epochs", "1", "--out", str(tmp_path / "head-beir"),
                      "--cache-dir", str(tmp_path / "cache")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -74,3 +79,27 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
     assert embedder.encoder.stats.passes == passes and not (tmp_path / "too-big").exists()
     assert cli.main(["train-pooler", "--pooler", "attention", "--sts", str(sts), "--max-state-bytes", "100000",
                      "--epochs", "1", "--out", str(tmp_path / "fits"), "--cache-dir", str(tmp_path / "cache-2")]) == 0
+
+
+def test_train_pooler_glot_attnstats_reinpool_with_anchor_and_guard(embedder, tmp_path, monkeypatch, capsys):
+    """The issue-32 heads through the command: BEIR pairs, an STS guard, the anchor; each saved
+    head serves as NAME:weights=DIR and reports its trainable parameters."""
+    monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
+    sts = tmp_path / "sts"
+    sts.mkdir()
+    _sts(sts, "dev", 5)
+    beir = _beir(tmp_path / "beir")
+    for name in ("glot", "attnstats", "reinpool"):
+        out = tmp_path / name
+        assert cli.main(["train-pooler", "--pooler", name, "--data", str(beir), "--guard-sts", str(sts),
+                         "--anchor", "0.5", "--epochs", "1", "--out", str(out),
+                         "--cache-dir", str(tmp_path / "cache")]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["pooler"] == f"{name}:weights={out}" and summary["guard_metric"] == "spearman"
+        assert summary["trainable_parameters"] > 100_000
+        assert json.loads((out / "head.json").read_text())["kind"] == name
+        assert embedder.pooler(summary["pooler"]).spec == f"{name}:weights={out}"
+        assert embedder.embed(["a cat"], [summary["pooler"]]).matrix(summary["pooler"]).shape == (1, 384)
+    assert cli.main(["train-pooler", "--pooler", "reinpool", "--roles", "separate", "--data", str(beir),
+                     "--out", str(tmp_path / "no")]) == 2
+    assert "reinpool has no separate" in capsys.readouterr().err

@@ -33,9 +33,14 @@ def batch(b: int, kind: str):
         vecs = rand_unit(rng, len(ids), DIM)
     else:
         vecs = [rand_unit(rng, int(rng.integers(1, 6)), DIM) for _ in ids]
-    texts = [f"{i}@{b}" for i in ids]
+    texts = [f"{i}@{b} {term(i, b)}" for i in ids]
     deletes = [f"b{b - 1}-1"] if b else []
     return ids, vecs, texts, deletes
+
+
+def term(doc_id: str, b: int) -> str:
+    """A word only this version of this document has (what its lexical hits are checked by)."""
+    return f"w{doc_id.replace('-', 'x')}v{b}"
 
 
 def expected(c: int, kind: str) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import (
+    FORMAT_VERSION,
     STATS_KEYS,
     FaissCollection,
     CollectionBase,
@@ -307,7 +308,7 @@ def test_companion_rows_are_stored_with_their_documents(where):
             np.testing.assert_allclose(got["companion"], rows, atol=1e-6)
             np.testing.assert_allclose(got["vectors"], d, atol=1e-6)
             assert got["text"] == f"text {i}"
-        assert coll.manifest["format_version"] == 2 and coll.manifest["companion_pooler"] == "mean"
+        assert coll.manifest["format_version"] == FORMAT_VERSION and coll.manifest["companion_pooler"] == "mean"
         _fill(plain, n=3)  # a collection without a companion keeps none
         assert plain.stats()["companion_rows"] is None and "companion" not in plain.get("d0")
 

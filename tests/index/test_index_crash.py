@@ -1,6 +1,7 @@
 """Crash safety: a writer process is SIGKILLed at random moments; every reopen must load and
 hold exactly the batches whose commit returned (or, if the kill landed after the durable point
-but before the child could print, those plus the one in flight)."""
+but before the child could print, those plus the one in flight) -- their vectors, their lexical
+(BM25) hits and their metadata filters alike, never one without the other."""
 
 import os
 import signal
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import FaissCollection, dequantize, quantize
-from index_crash_workload import NAME, committed_batches, expected
+from index_crash_workload import NAME, batch, committed_batches, expected, term
 from index_testutil import managed_files
 
 HERE = Path(__file__).resolve().parent
@@ -54,11 +55,28 @@ def _check_state(coll: FaissCollection, c: int, kind: str) -> None:
     assert len(coll) == len(want) == coll.stats()["documents"]
     for i, (text, vec) in want.items():
         got = coll.get(i)
-        assert got["text"] == text and got["metadata"] == {"batch": int(text.split("@")[1])}
+        assert got["text"] == text and got["metadata"] == {"batch": int(text.split("@")[1].split()[0])}
         if kind == "single":
             np.testing.assert_array_equal(got["vector"], vec)
         else:
             np.testing.assert_array_equal(got["vectors"], dequantize(*quantize(vec, "int8")))
+    if not want:
+        assert coll.search(k=3, mode="bm25", texts=[term("b0-2", 0)]) == [[]]
+        return
+    # lexical hits agree: each version's own word finds it; a deleted document's, or the word of
+    # the version an upsert replaced, finds nothing
+    last = c - 1
+    ids, _, _, deletes = batch(last, kind)
+    words = {term(i, int(want[i][0].split("@")[1].split()[0])): i for i in sorted(want)[:: max(1, len(want) // 5)]}
+    gone = [term(d, last - 1) for d in deletes] + ([term(ids[-1], last - 1)] if last else [])
+    hits = coll.search(k=2, mode="bm25", texts=[*words, *gone])
+    assert [[h.id for h in r][:1] for r in hits[:len(words)]] == [[i] for i in words.values()]
+    assert hits[len(words):] == [[] for _ in gone]
+    # metadata filters agree: the last batch's documents, exactly
+    vecs = {"single": lambda i: want[i][1][None, :], "multi": lambda i: [want[i][1]]}[kind]
+    in_last = {i for i, (t, _) in want.items() if t.split("@")[1].split()[0] == str(last)}
+    got = coll.search(vecs(sorted(want)[0]), k=len(want), filter={"batch": last})[0]
+    assert {h.id for h in got} == in_last
     # vectors and documents agree through search too
     probe = sorted(want)[:: max(1, len(want) // 5)]
     if kind == "single":

@@ -18,6 +18,7 @@ import milvus_lite  # noqa: F401 -- dependencies: if one is missing these tests 
 import pymilvus  # noqa: F401
 
 from embedpool.index import (  # noqa: E402
+    FORMAT_VERSION,
     BackendError,
     FaissCollection,
     CollectionNotFoundError,
@@ -184,7 +185,7 @@ def test_manifest_travels_and_mismatch_refused(mv, uri, rng):
     same.close()
     coll._client.alter_collection_properties(
         coll._mname, properties={MANIFEST_KEY: coll._client.describe_collection(coll._mname)
-                                 ["properties"][MANIFEST_KEY].replace('"format_version": 1', '"format_version": 99')})
+                                 ["properties"][MANIFEST_KEY].replace(f'"format_version": {FORMAT_VERSION}', '"format_version": 99')})
     with pytest.raises(FormatVersionError, match="newer"):
         open_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
 
@@ -498,6 +499,7 @@ def test_parts_of_two_writes_are_detected(mv, rng):
     coll.add(["t"], [big])
     client = coll._conn.client()
     row = list(client.query(milvus_name(coll.name), filter='pk == "t#1"', output_fields=["*"]))[0]
+    row.pop("sparse", None)  # Milvus makes it (the BM25 function of text)
     client.upsert(milvus_name(coll.name), [{**row, "seq": row["seq"] + 1}])
     with pytest.raises(CorruptCollectionError, match="'t' has parts of different writes.*add the document again"):
         coll.get("t")
@@ -537,9 +539,10 @@ def test_companion_rows_live_in_a_hidden_collection_dropped_with_it(mv, uri, rng
     mname, pname = milvus_name(coll.name), milvus_name(plain.name)
     assert client.has_collection(companion_name(mname)) and not client.has_collection(companion_name(pname))
     fields = lambda n: [f["name"] for f in client.describe_collection(n)["fields"]]  # noqa: E731
-    assert fields(pname) == ["pk", "doc_id", "part", "parts", "n", "seq", "codes", "stub", "text", "metadata"]
+    # (sparse: the BM25 vectors Milvus' full-text function makes from text)
+    assert fields(pname) == ["pk", "doc_id", "part", "parts", "n", "seq", "codes", "stub", "text", "metadata", "sparse"]
     assert fields(mname) == ["pk", "doc_id", "part", "parts", "n", "companion_rows", "seq", "codes", "stub", "text",
-                             "metadata"]
+                             "metadata", "sparse"]
     assert fields(companion_name(mname)) == ["pk", "doc_id", "vector"]
     assert client.describe_index(companion_name(mname), "vector")["metric_type"] == "IP"
     names = list_collections("unused", backend="milvus", milvus_uri=uri)

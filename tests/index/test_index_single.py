@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import (
+    FORMAT_VERSION,
     FaissCollection,
     CollectionError,
     CollectionLockedError,
@@ -54,7 +55,7 @@ def test_round_trip_save_open_equality(coll_dir, rng):
     top = coll.search(x[3:4], k=1)[0][0]
     assert top.id == "d3" and top.score == pytest.approx(1.0, abs=1e-5)
     m = json.loads((coll_dir / "c" / "manifest.json").read_text())
-    assert m["format_version"] == 1 and m["kind"] == "single" and m["model"] == "all-MiniLM-L6-v2"
+    assert m["format_version"] == FORMAT_VERSION and m["kind"] == "single" and m["model"] == "all-MiniLM-L6-v2"
     assert m["pooler"] == "mean" and m["dim"] == DIM and m["metric"] == "ip" and m["normalized"] is True
     assert m["factory"] == "IDMap2,Flat" and m["counts"] == {"documents": 40, "vectors": 40}
     assert coll.manifest["counts"]["documents"] == 40

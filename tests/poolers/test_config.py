@@ -33,6 +33,7 @@ NON_DEFAULT = {
     "glot": {},  # weights= only: trained heads round-trip in tests/poolers/test_research_poolers.py
     "attnstats": {},
     "reinpool": {},
+    "splade": {"top_k": 7, "threshold": 0.5},
 }
 
 
@@ -84,6 +85,8 @@ def test_every_registered_pooler_round_trips_its_config(tmp_path, encoder):
         assert again.spec == pooler.spec and again.plan == pooler.plan, name
         assert again.multi_vector == pooler.multi_vector and again.role_aware == pooler.role_aware, name
         for role in ("query", "document"):
+            if cls.sparse:  # splade refuses this model (no MLM head): tests/poolers/test_splade.py pools it
+                break
             _assert_same(_pooled(again, encoder, role), _pooled(pooler, encoder, role))
         # the spec string gives the same pooler as the saved config
         assert build_pooler(pooler.spec).get_config_dict() == pooler.get_config_dict(), name
@@ -162,7 +165,7 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
              ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2}),
              ("glot", {}), ("attnstats", {}), ("reinpool", {}), ("pooling", {"mode": "mean+lasttoken"})]
-    assert {n for n, _ in cases} == set(REGISTRY)
+    assert {n for n, _ in cases} == set(REGISTRY) - {"splade"}  # splade refuses this model: test_splade.py
     for name, opts in cases:
         p = REGISTRY[name](**opts)
         assert isinstance(p.multi_vector, bool) and isinstance(p.role_aware, bool), name

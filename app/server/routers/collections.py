@@ -30,6 +30,8 @@ from embedpool.app.server.schemas import (
     Deleted,
     DocumentIn,
     DocumentOut,
+    DocumentsDelete,
+    DocumentsDeleted,
     DocumentsIn,
     DocumentsUpserted,
     SearchRequest,
@@ -85,6 +87,13 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
                 companion_dim=engine.embedder.output_dim(cspec, dimensions))
 
 
+def _analyzer(spec: str) -> str:
+    try:
+        return index.canonical_analyzer(spec)
+    except index.InvalidInputError as e:
+        raise Invalid(f"analyzer: {e}", param="analyzer") from None
+
+
 # ---------------------------------------------------------------------- collections
 @router.post("", status_code=201, response_model=CollectionInfo,
              responses={200: {"model": CollectionInfo, "description": "it already existed with these settings"},
@@ -110,7 +119,7 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
         metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
         token_factory=body.token_factory, encoder_precision=engine.embedder.encoder.precision,
-        **_companion(engine, collections, spec_str, body, dimensions))
+        analyzer=_analyzer(body.analyzer), **_companion(engine, collections, spec_str, body, dimensions))
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
     return _info(coll.name, coll.manifest)
@@ -168,6 +177,21 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     return JSON({"upserted": len(docs), "documents": len(coll), "usage": {"tokens": tokens}})
 
 
+@router.post("/{name}/documents/delete", response_model=DocumentsDeleted, responses={**E404, **E422})
+def delete_documents(body: DocumentsDelete, name: str = NAME,
+                     collections: Collections = Depends(get_collections)) -> Any:
+    """Delete documents by `ids` or by a metadata `filter` (committed before the answer), as
+    Qdrant's, Pinecone's and Chroma's delete routes take either."""
+    coll = collections.get(name)
+    if body.ids is not None:
+        ids = list(dict.fromkeys(body.ids))
+        collections.delete_documents(coll, ids)
+        n = len(ids)
+    else:
+        n = collections.delete_where(coll, body.filter)
+    return {"deleted": n, "documents": len(coll)}
+
+
 @router.get("/{name}/documents/{doc_id:path}", response_model=DocumentOut, responses=E404)
 def get_document(name: str = NAME, doc_id: str = Path(..., description="document id"),
                  include_vector: bool = Query(False, description="also return the stored vector(s)"),
@@ -193,21 +217,23 @@ def delete_document(name: str = NAME, doc_id: str = Path(..., description="docum
 @router.post("/{name}/search", response_model=SearchResponse, responses={**E404, **E409, **E422})
 async def search(request: Request, body: SearchRequest, name: str = NAME, engine: Engine = Depends(get_engine),
                  collections: Collections = Depends(get_collections)) -> Any:
-    """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`).
-    Scores: inner product (cosine when normalized), squared L2 for `l2`, MaxSim for multi-vector."""
+    """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`),
+    among those that match `filter`. Scores: inner product (cosine when normalized), squared L2 for
+    `l2`, MaxSim for multi-vector, BM25 for `bm25`, the fused score for `hybrid`."""
     texts = [body.query] if body.query is not None else list(body.queries or [])
     field = "queries" if body.queries is not None else "query"
     check_inputs(texts, engine.settings, field)
     coll = await _open(collections, engine, name)
-    need = retrieval.companion_name(coll.spec, body.mode, name)
+    need = retrieval.companion_name(coll.spec, body.mode, name, body.vector_mode)
     comp = await _open(collections, engine, need) if need else None
     search = retrieval.Search(coll, engine.embedder.natural_dim, k=body.k, mode=body.mode, candidates=body.candidates,
-                              k_token=body.k_token, companion=comp)
+                              k_token=body.k_token, companion=comp, filter=body.filter, vector_mode=body.vector_mode,
+                              fusion=body.fusion, weight=body.weight)
     for e in search.embeddings():
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
     vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field=field), texts,
                                                      search.embeddings())
-    results = await run_in_threadpool(search.run, vectors)
+    results = await run_in_threadpool(partial(search.run, vectors, texts=texts))
     hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
               **({"text": h.text} if body.include_text else {})} for h in r] for r in results]
     usage = {"tokens": tokens}

@@ -9,7 +9,7 @@ from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
 from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs
-from embedpool.app.server.output import encode_vectors, output_ranges
+from embedpool.app.server.output import encode_vectors, output_ranges, sparse_vectors
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
 from embedpool.app.server.state import Engine
@@ -34,7 +34,8 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
     int8 / uint8 ranges are fixed, never taken from the request's own vectors (a text always
     gets the same codes, whatever it is sent with): `[-1, 1]` in every dimension (normalized
     vectors lie in it), or the request's `ranges`. `encoding_format: base64` sends each input's
-    codes as one string (little-endian, row-major; multi-vector: `reshape(-1, width)`)."""
+    codes as one string (little-endian, row-major; multi-vector: `reshape(-1, width)`). A sparse
+    pooler (`splade`, for models with an MLM head) gives each input `{indices, values}`."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     check_inputs(texts, engine.settings, "inputs")
     if body.poolers is not None:
@@ -51,6 +52,8 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
                              truncation_direction=body.truncation_direction)
 
     def codes(spec: str) -> list:
+        if engine.embedder.pooler(spec).sparse:
+            return sparse_vectors(out.vectors[spec], body.precision, body.encoding_format)
         return encode_vectors(out.vectors[spec], body.precision, body.encoding_format, ranges)
 
     head = {"model": engine.embedder.model_id, "precision": body.precision}

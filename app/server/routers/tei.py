@@ -15,6 +15,8 @@ codes through the one error table (:func:`app.server.errors.render`).
                        a single-vector one)
 ``POST /tei/embed_all``  ``[[[float, ...], ...], ...]``: each input's token vectors, embedpool's
                        ``tokens`` pooler (extension: ``pooler``, any multi-vector one)
+``POST /tei/embed_sparse``  ``[[{index, value}, ...], ...]``: each input's non-zero SPLADE weights
+                       (models with an MLM head; extension: ``pooler``, e.g. ``splade:top_k=64``)
 ``POST /tei/rerank``   ``[{index, score[, text]}]``, best first (extension: ``pooler``)
 ``POST /tei/tokenize`` ``[[{id, text, special, start, stop}, ...], ...]``
 ``GET /tei/info``      TEI's ``Info``
@@ -38,13 +40,16 @@ from embedpool.app.server.deps import get_engine
 from embedpool.app.server.errors import TEI_PREFIX, EmptyInput, Invalid, NotReady
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.routers import health, openai, rerank, tokenize
+from embedpool.app.server.output import sparse_vectors
 from embedpool.app.server.routers.embed import embed_with
 from embedpool.app.server.schemas import (
     OpenAIEmbeddingResponse,
     Rank,
     SimpleToken,
+    SparseValue,
     TEIEmbedAllRequest,
     TEIEmbedRequest,
+    TEIEmbedSparseRequest,
     TEIError,
     TEIInfo,
     TEIRerankRequest,
@@ -56,6 +61,8 @@ from embedpool.app.server.state import Engine
 AUTO_TRUNCATE = True
 #: the pooler of ``/tei/embed_all`` (TEI: every token's hidden state)
 TOKENS_POOLER = "tokens"
+#: the pooler of ``/tei/embed_sparse``
+SPARSE_POOLER = "splade"
 
 router = APIRouter(prefix=TEI_PREFIX, tags=["tei"])
 protected = [Depends(require_api_key)]
@@ -120,6 +127,21 @@ async def embed_all(body: TEIEmbedAllRequest, request: Request, engine: Engine =
         alternative=f"use POST {TEI_PREFIX}/embed for one vector per input", truncate=_truncate(body.truncate),
         prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
     return JSON(out.vectors[spec])
+
+
+@router.post("/embed_sparse", response_model=list[list[SparseValue]], responses=EMBED_ERRORS,
+             dependencies=protected)
+async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
+    """TEI's `/embed_sparse`: each input's non-zero SPLADE weights as `{index, value}`, from embedpool's
+    `splade` pooler (a 422 for a model without an MLM head). Extension: `pooler`, a sparse one."""
+    spec, out = await embed_with(
+        engine, request, _texts(body.inputs), body.pooler or SPARSE_POOLER, multi=False,
+        alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input", truncate=_truncate(body.truncate),
+        prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
+    if not engine.embedder.pooler(spec).sparse:
+        raise Invalid(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
+    return JSON([[{"index": i, "value": v} for i, v in zip(row["indices"], row["values"])]
+                 for row in sparse_vectors(out.vectors[spec], "float32", "float")])
 
 
 @router.post("/rerank", response_model=list[Rank], responses=EMBED_ERRORS, dependencies=protected)
