@@ -186,6 +186,10 @@ class DocStore:
                     out[int_id] = (ext, text, None if meta is None else json.loads(meta))
         return out
 
+    def live_among(self, int_ids: Iterable[int]) -> list[int]:
+        """The live ones among ``int_ids``."""
+        return list(self.ext_of(int_ids))
+
     def ext_of(self, int_ids: Iterable[int]) -> dict[int, str]:
         """int id -> ext id for the ids that exist."""
         ids = [int(i) for i in int_ids]
@@ -231,6 +235,14 @@ class DocStore:
             return np.zeros(0, np.int64)
         # one string from SQLite, parsed in C: 7x faster than a Python list at a million ids
         return np.unique(np.fromstring(ids, dtype=np.int64, sep=","))
+
+    def matching_among(self, node: Node, int_ids: Iterable[int]) -> set[int]:
+        """The internal ids among ``int_ids`` that exist and match filter ``node``; the query's
+        cost follows their number (:func:`index.filters.to_sql` ``among``)."""
+        among = json.dumps([int(i) for i in int_ids])
+        sql, params = to_sql(node, among)
+        with self._lock:
+            return {r[0] for r in self._conn.execute(sql, params)}
 
     def lexical(self, match: str, k: int, node: Node | None = None) -> list[tuple[float, int]]:
         """The best ``k`` (BM25 score, internal id) for an FTS5 MATCH expression, best first,

@@ -79,6 +79,12 @@ STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiSto
 PROPERTY_PREFIX = "property:"
 #: bytes of matching-id arrays kept for repeated filters (:meth:`FaissCollection._matching`)
 FILTER_CACHE_BYTES = 64 << 20
+#: a filter whose estimated share of the documents is at least BROAD_FILTER, on a collection
+#: of at least BROAD_MIN_DOCS documents, is applied to a single-vector or BM25 search's own
+#: ranking (:meth:`FaissCollection._post_filtered`) instead of by reading all its matching ids
+BROAD_FILTER = 0.2
+BROAD_MIN_DOCS = 50_000
+SHARE_SAMPLE = 512
 #: how long a writer waits for the folder lock held by a reader's or deleter's brief cleanup
 WRITER_LOCK_WAIT = 1.0
 
@@ -452,9 +458,55 @@ class FaissCollection(CollectionBase):
                 self._filter_cache.popitem(last=False)
         return ids
 
+    def _share(self, flt: Node) -> float | None:
+        """The share of the documents that ``flt`` keeps, estimated on at most
+        :data:`SHARE_SAMPLE` internal ids spread over the id range; None when its matching ids
+        are cached or the collection is small (then they are read whole). Caller holds the
+        read lock."""
+        if not self._db.has_fields or self._vec.n_docs < BROAD_MIN_DOCS:
+            return None
+        with self._filter_lock:
+            if (flt, self._gen, self._writes) in self._filter_cache:
+                return None
+        probe = np.unique(np.linspace(0, max(self._next_int_id - 1, 0), SHARE_SAMPLE).astype(np.int64))
+        live = self._db.live_among(probe)
+        if not live:
+            return None
+        return len(self._db.matching_among(flt, live)) / len(live)
+
+    def _post_filtered(self, search, nq: int, k: int, flt: Node, share: float,
+                       total: int) -> list[list[tuple[float, int]]]:
+        """A filter that keeps most documents, applied to the search's own ranking: the best
+        ``kk`` hits of ``search(rows, kk)`` (``(score, int id)`` lists, best first) checked
+        against the filter in one query over their ids, ``kk`` growing (x4) for a query left
+        short until ``k`` match or all ``total`` were seen -- the same hits as the filter inside
+        the search, without reading every matching id of a million documents."""
+        out: list[list[tuple[float, int]] | None] = [None] * nq
+        todo = list(range(nq))
+        kk = min(total, int(k / max(share, 0.01) * 1.5) + 16)
+        while todo:
+            res = search(todo, kk)
+            ok = self._db.matching_among(flt, {i for r in res for _, i in r})
+            short = []
+            for q, r in zip(todo, res):
+                hits = [h for h in r if h[1] in ok][:k]
+                if len(hits) < k and kk < total and len(r) >= kk:
+                    short.append(q)
+                else:
+                    out[q] = hits
+            todo, kk = short, min(total, kk * 4)
+        return out  # type: ignore[return-value]
+
     def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
+            share = None if flt is None else self._share(flt)
+            if share is not None and share >= BROAD_FILTER:
+                def search(rows, kk):
+                    D, I = self._vec.search(x[rows], kk)
+                    return [[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0] for dr, ir in zip(D, I)]
+
+                return self._hits(self._post_filtered(search, len(x), k, flt, share, self._vec.n_docs))
             D, I = self._vec.search(x, k, self._matching(flt))
             return self._hits([[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0]
                                for dr, ir in zip(D, I)])
@@ -516,6 +568,12 @@ class FaissCollection(CollectionBase):
                 raise InvalidInputError(f"collection {self.name!r} has no lexical index")
             if flt is not None and not self._db.has_fields:
                 self._matching(flt)  # says why it cannot filter
+            share = None if flt is None else self._share(flt)
+            if share is not None and share >= BROAD_FILTER:  # the ids in the FTS5 query would be most of them
+                def search(rows, kk):
+                    return [self._db.lexical(matches[r], kk) if matches[r] else [] for r in rows]
+
+                return self._hits(self._post_filtered(search, len(matches), k, flt, share, self._vec.n_docs))
             return self._hits([self._db.lexical(m, k, flt) if m else [] for m in matches])
 
     def _delete_where(self, flt: Node) -> int:

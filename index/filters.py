@@ -268,20 +268,34 @@ def _type_of(v: Scalar) -> str:
 
 
 # ---------------------------------------------------------------------------------- SQL
-def to_sql(node: Node) -> tuple[str, list[Any]]:
-    """A SELECT of the ``int_id`` of every matching document (``fields`` and ``docs`` tables)."""
+def to_sql(node: Node, among: str | None = None) -> tuple[str, list[Any]]:
+    """A SELECT of the ``int_id`` of every matching document (``fields`` and ``docs`` tables);
+    ``among``: a JSON array of internal ids, the only ones to consider (each part of the query
+    is restricted to them, so its cost follows their number, not the collection's)."""
     params: list[Any] = []
-    return _sql(node, params), params
+    return _sql(node, params, among), params
 
 
-def _sql(n: Node, params: list[Any]) -> str:
+def _sql(n: Node, params: list[Any], among: str | None = None) -> str:
+    def only(q: str) -> str:  # restrict a SELECT ... WHERE to the ids of ``among``
+        if among is None:
+            return q
+        params.append(among)
+        return q + " AND int_id IN (SELECT value FROM json_each(?))"
+
+    def docs() -> str:
+        return only("SELECT int_id FROM docs WHERE 1")
+
     if isinstance(n, Logic):
         op = " INTERSECT " if n.op == "and" else " UNION "
-        return op.join(f"SELECT int_id FROM ({_sql(p, params)})" for p in n.parts)
+        return op.join(f"SELECT int_id FROM ({_sql(p, params, among)})" for p in n.parts)
     if isinstance(n, Exists):
+        if not n.present:
+            head = docs()
+            params.append(n.key)
+            return f"{head} EXCEPT " + only("SELECT int_id FROM fields WHERE key = ?")
         params.append(n.key)
-        q = "SELECT int_id FROM fields WHERE key = ?"
-        return q if n.present else f"SELECT int_id FROM docs EXCEPT {q}"
+        return only("SELECT int_id FROM fields WHERE key = ?")
     if isinstance(n, Range):
         params.extend([n.key, "s" if n.dates else "n"])
         cond = "key = ? AND type = ? AND elem = 0"
@@ -291,7 +305,8 @@ def _sql(n: Node, params: list[Any]) -> str:
         if n.hi is not None:
             cond += f" AND num {'<=' if n.hi_incl else '<'} ?"
             params.append(n.hi)
-        return f"SELECT int_id FROM fields WHERE {cond}"
+        return only(f"SELECT int_id FROM fields WHERE {cond}")
+    head = docs() + " EXCEPT " if n.negate else ""
     by_type: dict[str, list[Scalar]] = {}
     for v in n.values:
         by_type.setdefault(_type_of(v), []).append(int(v) if isinstance(v, bool) else v)
@@ -301,8 +316,7 @@ def _sql(n: Node, params: list[Any]) -> str:
         col = "str" if t == "s" else "num"
         ors.append(f"(type = ? AND {col} IN ({','.join('?' * len(vals))}))")
         params.extend([t, *vals])
-    q = f"SELECT int_id FROM fields WHERE key = ? AND ({' OR '.join(ors)})"
-    return f"SELECT int_id FROM docs EXCEPT {q}" if n.negate else q
+    return head + only(f"SELECT int_id FROM fields WHERE key = ? AND ({' OR '.join(ors)})")
 
 
 # ---------------------------------------------------------------------------------- Milvus

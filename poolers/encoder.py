@@ -13,6 +13,7 @@ attention never lets a real token see padding, and rotary positions are relative
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -80,6 +81,17 @@ def resolve_model(name_or_path: str | None) -> tuple[str, str]:
     if path.exists():
         return str(path.resolve()), str(path.resolve())
     return name_or_path, name_or_path
+
+
+def splade_stack(path: Path) -> bool:
+    """Whether the model folder is a sentence-transformers SparseEncoder whose pooling is SPLADE's
+    max of ``log(1 + ReLU(logits))`` (``SpladePooling`` with its defaults), what ``splade`` computes."""
+    modules = _read_json(path / "modules.json") if (path / "modules.json").is_file() else []
+    for m in modules if isinstance(modules, list) else []:
+        if str(m.get("type", "")).endswith("SpladePooling"):
+            cfg = _read_json(path / m.get("path", "") / "config.json")
+            return cfg.get("pooling_strategy", "max") == "max" and cfg.get("activation_function", "relu") == "relu"
+    return False
 
 
 def pooling_modes_from_config(config: dict) -> tuple[str, ...]:
@@ -262,6 +274,8 @@ class FrozenEncoder:
         self.include_prompt = self.stack.include_prompt
         #: the pooler spec ``auto`` means for this model (see :func:`auto_spec`)
         self.pooling_mode = auto_spec(self.pooling_modes, self.include_prompt, self.multi_vector)
+        if splade_stack(Path(path)):  # a sentence-transformers SparseEncoder: MLMTransformer + SpladePooling
+            self.pooling_mode = "splade"
         self.template = special_template(self.tokenizer)
         self.cls_id = self.template.prefix[0] if self.template.prefix else None
         self.sep_id = self.template.separator
@@ -692,3 +706,10 @@ def _check_texts(texts) -> list[str]:
                 raise InvalidError(f"input {i} is not valid Unicode: a lone surrogate {t[e.start]!r} at "
                                    f"character {e.start}") from None
     return texts
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}

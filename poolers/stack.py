@@ -168,8 +168,8 @@ class ModelStack:
         pool_at = next((i for i, m in enumerate(modules) if type(m).__name__ == "Pooling"), None)
         if pool_at is None:  # e.g. a SparseEncoder (MLMTransformer + SpladePooling): its pooler is `splade`
             names = ", ".join(type(m).__name__ for m in modules[1:]) or "none"
-            log.warning("model %s has no Pooling module (modules after the transformer: %s): auto is mean, "
-                        "and those modules are not run", path, names)
+            log.info("model %s has no Pooling module (after the transformer: %s): embedpool's poolers pool its "
+                     "token states (auto: splade for a SPLADE SparseEncoder, else mean)", path, names)
             stack.post = []
             return stack
         between = [type(m).__name__ for m in modules[1:pool_at] if type(m).__name__ not in _NOOP_TOKEN_MODULES]

@@ -82,15 +82,19 @@ def _reference(scores, meta, pred, k):
     return [f"d{i}" for i in np.argsort(-np.asarray(scores), kind="stable") if pred(meta[i])][:k]
 
 
-@pytest.mark.parametrize("factory", ["IDMap2,Flat", "HNSW32", "HNSW32 selector", "IVF16,Flat selector"])
+@pytest.mark.parametrize("factory", ["IDMap2,Flat", "HNSW32", "HNSW32 selector", "IVF16,Flat selector",
+                                     "IDMap2,Flat broad"])
 def test_filtered_single_vector_search_is_the_unfiltered_one_post_filtered(where, corpus, factory, monkeypatch):
     """``selector``: FAISS answers even small filters with its ID selector inside HNSW / IVF
-    (by default a filter that keeps few documents is answered exactly over them)."""
+    (by default a filter that keeps few documents is answered exactly over them). ``broad``: a
+    filter that keeps most documents is applied to the unfiltered ranking, however small the
+    collection (by default only from 50,000 documents on)."""
     factory, _, selector = factory.partition(" ")
     if selector:
         if where["backend"] != "faiss":
-            pytest.skip("FAISS' own selector path")
+            pytest.skip("FAISS' own paths")
         monkeypatch.setattr("embedpool.index.single.EXACT_AMONG", 0)
+        monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
     coll = _open(where, "f1", CollectionSpec(**{**SINGLE.to_dict(), "factory": factory}))
     try:
         _fill(coll, corpus)
@@ -222,10 +226,21 @@ def test_bm25_scores_equal_bm25s_with_the_same_tokenization(tmp_path):
         coll.close()
 
 
-def test_bm25_and_hybrid_on_every_backend(where, corpus):
+@pytest.mark.parametrize("broad", [False, True])
+def test_bm25_and_hybrid_on_every_backend(where, corpus, broad, monkeypatch):
+    if broad:  # filters that keep most documents: applied to the BM25 ranking (FAISS)
+        if where["backend"] != "faiss":
+            pytest.skip("FAISS' own path")
+        monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
     coll = _open(where, "bm", SINGLE)
     try:
         _fill(coll, corpus)
+        nin = coll.search(k=10, mode="bm25", texts=["wolf bear"], filter={"tags": {"$nin": ["cat", "dog"]}})[0]
+        want = sorted(((h.score, h.id) for h in coll.search(k=N, mode="bm25", texts=["wolf bear"])[0]
+                       if not {"cat", "dog"} & set(corpus["meta"][int(h.id[1:])].get("tags", []))), reverse=True)
+        # (short texts of ten words: many equal scores, whose order is not the point)
+        assert [round(h.score, 9) for h in nin] == [round(x, 9) for x, _ in want][:10]
+        assert all(not {"cat", "dog"} & set(corpus["meta"][int(h.id[1:])].get("tags", [])) for h in nin)
         hits = coll.search(k=10, mode="bm25", texts=["wolf wolves", "zebra"], filter={"tenant": "small"})
         have = [i for i in range(N) if "wolf" in corpus["texts"][i].split() and corpus["meta"][i]["tenant"] == "small"]
         assert len(hits[0]) == min(10, len(have)) > 0 and hits[1] == []
