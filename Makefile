@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity pylate
+.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity milvus-server pylate
 
 # Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
 INFINITY := bench/.infinity-venv
@@ -33,6 +33,17 @@ $(PYLATE)/.installed:
 	touch $@
 
 pylate: $(PYLATE)/.installed
+
+# A real Milvus standalone server for the slow tests and bench/milvus_server.py: PyPI's `milvus`
+# (the server binary is inside the wheel; `milvus-server --data DIR` serves gRPC, nothing
+# downloads) in its own venv, so it never touches the project's pymilvus or grpcio.
+MILVUS_VERSION := 2.3.5
+MILVUS_SERVER  := .milvus-venv
+$(MILVUS_SERVER)/bin/milvus-server:
+	test -x $(MILVUS_SERVER)/bin/python || $(PY) -m venv $(MILVUS_SERVER)
+	$(MILVUS_SERVER)/bin/pip install --quiet 'milvus==$(MILVUS_VERSION)'
+
+milvus-server: $(MILVUS_SERVER)/bin/milvus-server
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -60,8 +71,9 @@ test: setup browser pylate
 	$(BIN)/python -m pytest -q
 
 # minutes-long real-part checks (the long-document job's peak memory, Ray SIGKILL-resume and
-# Milvus worker writes); CI runs them after `make test`
-test-slow: setup pylate
+# Milvus worker writes, the contract and the faults against a real Milvus server); CI runs them
+# after `make test`
+test-slow: setup pylate milvus-server
 	$(BIN)/python -m pytest -q -m slow
 
 # The API image with podman on a machine with no registry (deploy/podman-image.sh prepares the
@@ -79,4 +91,4 @@ test-image: setup image image-ray
 	$(BIN)/python -m pytest -q -m image
 
 clean:
-	rm -rf $(VENV) $(PYLATE)
+	rm -rf $(VENV) $(PYLATE) $(MILVUS_SERVER)

@@ -81,3 +81,16 @@ def colbert_reference(tmp_path_factory):
     from family_models import DOCUMENTS, QUERIES, run_pylate
 
     return run_pylate(tmp_path_factory.mktemp("colbert"), {"queries": QUERIES, "documents": DOCUMENTS})
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory):
+    """A real Milvus standalone server (2.3, ``make milvus-server``) for the session, started on
+    first use; tests that stop or kill it start it again before they end."""
+    from milvus_testutil import MilvusServer
+
+    srv = MilvusServer(tmp_path_factory.mktemp("milvus-server")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
