@@ -28,7 +28,7 @@ import torch
 
 from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
 from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
-from embedpool.poolers.stack import ModelStack, is_causal, special_template
+from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,7 @@ class FrozenEncoder:
         self.include_prompt = self.stack.include_prompt
         #: the pooler spec ``auto`` means for this model (see :func:`auto_spec`)
         self.pooling_mode = auto_spec(self.pooling_modes, self.include_prompt, self.multi_vector)
-        if splade_stack(Path(path)):  # a sentence-transformers SparseEncoder: MLMTransformer + SpladePooling
+        if splade_stack(Path(local_snapshot(path))):  # a sentence-transformers SparseEncoder: MLMTransformer + SpladePooling
             self.pooling_mode = "splade"
         self.template = special_template(self.tokenizer)
         self.cls_id = self.template.prefix[0] if self.template.prefix else None
@@ -413,7 +413,7 @@ class FrozenEncoder:
                 ids, special = list(ids) + [expansion_id] * pad, list(special) + [0] * pad
             rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
                              lead_specials + n_prompt if n_prompt else 0, span, expansion,
-                             bool(expand and expand.get("attend"))))
+                             expansion is None or bool(expand.get("attend"))))
         return rows
 
     def _prompt_tokens(self, prompt: str) -> int:

@@ -67,6 +67,20 @@ def read_model_file(path: str, name: str) -> dict:
         return {}
 
 
+def local_snapshot(path: str) -> str:
+    """The local folder of a Hugging Face id already in the cache (its snapshot), so that the
+    model loads from files exactly as from a folder the user gave (sentence-transformers reads a
+    PyLate save's settings from a folder, not from an id offline); ``path`` itself otherwise."""
+    if Path(path).is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(path, local_files_only=True)
+    except Exception:  # not a repo id, or not in the cache: the loader says so
+        return path
+
+
 def is_multi_vector(path: str) -> bool:
     """Whether the model at ``path`` is a ColBERT-family (multi-vector) model: a PyLate save, or
     a sentence-transformers ``MultiVectorEncoder``."""
@@ -151,6 +165,7 @@ class ModelStack:
     def load(cls, path: str, device: str = "cpu", truncate_dim: int | None = None) -> "ModelStack":
         from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 
+        path = local_snapshot(path)
         multi = is_multi_vector(path)
         kind = MultiVectorEncoder if multi else SentenceTransformer
         try:

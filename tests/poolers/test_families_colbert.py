@@ -65,3 +65,25 @@ def test_colbert_dimensions_and_poolers(colbert):
     assert mean.shape == (2, COLBERT["embedding_size"])
     with pytest.raises(InvalidError, match="ColBERT"):
         emb.embed(["x"], ["layermean"])
+
+
+def test_a_hub_id_in_the_local_cache_loads_as_colbert(colbert_reference, tmp_path):
+    """A PyLate model known by its Hugging Face id, present only in the local cache (the hub's
+    layout: models--ORG--NAME/snapshots/REV + refs/main), loads as a ColBERT model, offline."""
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hub" / "models--someone--tiny-colbert"
+    shutil.copytree(colbert_reference["path"], repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    code = ("from embedpool.poolers import Embedder, FrozenEncoder\n"
+            "e = Embedder(FrozenEncoder('someone/tiny-colbert', precision='fp32'))\n"
+            "v = e.embed(['what reduces stroke risk?'], ['auto'], role='query').vectors['auto'][0]\n"
+            "print(e.canonical('auto'), e.encoder.multi_vector, v.shape[0], v.shape[1])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "HF_HUB_CACHE": str(tmp_path / "hub"),
+                              "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["tokens", "True", str(COLBERT["query_length"]), str(COLBERT["embedding_size"])]
