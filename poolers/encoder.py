@@ -437,6 +437,8 @@ class FrozenEncoder:
         )
         n_prompt = self._prompt_tokens(prompt)
         prefix, suffix, width = self._windows_layout()
+        if self.multi_vector and n_prompt:  # a ColBERT model's [D] marker opens every window
+            return self._windows_with_marker(enc["input_ids"], n_prompt, prefix, suffix, width)
         rows = []
         for i, toks in enumerate(enc["input_ids"]):
             for w in range(0, max(len(toks), 1), width):
@@ -445,6 +447,28 @@ class FrozenEncoder:
                 special = [1] * len(prefix) + [0] * len(chunk) + [1] * len(suffix)
                 rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
                                  len(prefix) + n_prompt if w == 0 and n_prompt else 0, (w, w + len(chunk))))
+        return rows
+
+    @staticmethod
+    def _windows_with_marker(tokenized: list[list[int]], n_prompt: int, prefix: list[int], suffix: list[int],
+                             width: int) -> list[_Row]:
+        """Windows of a ColBERT model's documents: each is ``prefix + prompt + chunk + suffix``
+        (the model was trained on ``[CLS] [D] … [SEP]`` sequences), the first one the standard
+        sequence; a later window's span leaves its repeated prompt out, as a left-truncated row."""
+        rows = []
+        step = width - n_prompt
+        if step < 1:
+            raise InvalidError(f"the prompt takes {n_prompt} tokens: no room is left for the text in the "
+                               f"model's window of {width + len(prefix) + len(suffix)}")
+        for i, toks in enumerate(tokenized):
+            marker, body = toks[:n_prompt], toks[n_prompt:]
+            for w in range(0, max(len(body), 1), step):
+                chunk = body[w:w + step]
+                ids = [*prefix, *marker, *chunk, *suffix]
+                special = [1] * len(prefix) + [0] * (n_prompt + len(chunk)) + [1] * len(suffix)
+                span = (0 if w == 0 else n_prompt + w, n_prompt + w + len(chunk))
+                rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
+                                 len(prefix) + n_prompt if w == 0 else 0, span))
         return rows
 
     def _tokenize_landmark(self, texts: Sequence[str], prompt: str, g: int) -> list[_Row]:

@@ -12,6 +12,7 @@ import pytest
 
 from embedpool.errors import InvalidError
 from embedpool.poolers import Embedder, FrozenEncoder
+from embedpool.poolers.encoder import WINDOWED
 from family_models import COLBERT, DOCUMENTS, QUERIES
 
 
@@ -87,3 +88,26 @@ def test_a_hub_id_in_the_local_cache_loads_as_colbert(colbert_reference, tmp_pat
                               "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["tokens", "True", str(COLBERT["query_length"]), str(COLBERT["embedding_size"])]
+
+
+def test_every_window_of_a_long_document_opens_with_the_document_marker(colbert):
+    """tokens:window=true keeps every window of a long document, each [CLS] [D] ... [SEP] as the
+    model was trained on; the first window's vectors are PyLate's (its document_length cut)."""
+    ref, emb = colbert
+    enc = emb.encoder
+    marker = enc.tokenizer("[D] ", add_special_tokens=False)["input_ids"]
+    assert len(marker) == 1
+    long_docs = [d for d, v in zip(DOCUMENTS, ref["documents"]) if len(v) and len(
+        enc.tokenizer(d)["input_ids"]) > COLBERT["document_length"]]
+    assert long_docs
+    windows = enc.windows(long_docs, WINDOWED, role="document")
+    for doc_windows in windows:
+        assert len(doc_windows) > 1
+        for w in doc_windows:
+            assert w.ids[:2] == [enc.tokenizer.cls_token_id, marker[0]] and w.ids[-1] == enc.tokenizer.sep_token_id
+            assert len(w.ids) <= COLBERT["document_length"]
+    got = emb.embed(long_docs, ["tokens:window=true"], role="document").vectors["tokens:window=true"]
+    truncated = emb.embed(long_docs, ["tokens"], role="document").vectors["tokens"]
+    for g, t in zip(got, truncated):
+        assert len(g) > len(t)
+        np.testing.assert_allclose(g[: len(t)], t, atol=1e-5)
