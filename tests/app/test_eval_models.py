@@ -69,3 +69,20 @@ def test_sts_compares_models_pooler_by_pooler(two_models, data_dir, tmp_path):
         # the real model against a random one: a clear difference
         assert rows[("minilm", p)]["spearman"] > rows[("first", p)]["spearman"] + 0.3
         assert rows[("minilm", p)]["p_model"] < 0.01
+
+
+def test_model_entries_name_every_model(tmp_path):
+    from embedpool.app.evaluation import model_entries
+    from embedpool.errors import InvalidError
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    assert model_entries(None) == [("all-MiniLM-L6-v2", None)]
+    assert model_entries([str(folder), "b=org/some-id"]) == [("my-model", str(folder)), ("b", "org/some-id")]
+    odd = tmp_path / "a=b"  # a folder whose name has '=' is a folder, not NAME=PATH
+    odd.mkdir()
+    assert model_entries([str(odd)]) == [("a=b", str(odd))]
+    with pytest.raises(InvalidError, match="two models are named 'x'"):
+        model_entries(["x=one", "x=two"])
+    with pytest.raises(InvalidError, match="NAME=PATH_OR_ID"):
+        model_entries(["=nothing"])
