@@ -75,6 +75,15 @@ def varied_texts(scifact_docs, data_dir) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def colbert_reference(tmp_path_factory):
+    """A tiny ColBERT model wrapped and saved by PyLate in its own venv, and PyLate's encodings of
+    family_models' queries and documents (see family_models.run_pylate)."""
+    from family_models import DOCUMENTS, QUERIES, run_pylate
+
+    return run_pylate(tmp_path_factory.mktemp("colbert"), {"queries": QUERIES, "documents": DOCUMENTS})
+
+
+@pytest.fixture(scope="session")
 def milvus_server(tmp_path_factory):
     """A real Milvus standalone server (2.3, ``make milvus-server``) for the session, started on
     first use; tests that stop or kill it start it again before they end."""
