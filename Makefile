@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity
+.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity milvus-server pylate
 
 # Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
 INFINITY := bench/.infinity-venv
@@ -19,6 +19,31 @@ $(INFINITY)/bin/infinity_emb:
 	$(INFINITY)/bin/pip install --quiet 'infinity-emb[server,torch]==0.0.78'
 
 infinity: $(INFINITY)/bin/infinity_emb
+
+# PyLate 1.6.0, the ColBERT parity tests' and bench/families.py's reference, in its own venv: every
+# PyLate release pins a sentence-transformers < 6 (embedpool needs >= 6) and a fast-plaid that pins
+# its own torch, so it cannot share the project's environment. The same CPU torch first; PyLate
+# without its index dependencies (fast-plaid, fastkmeans: only its indexes import them).
+PYLATE := .venv-pylate
+$(PYLATE)/.installed:
+	test -x $(PYLATE)/bin/python || $(PY) -m venv $(PYLATE)
+	$(PYLATE)/bin/pip install --quiet $(TORCH)
+	$(PYLATE)/bin/pip install --quiet --no-deps pylate==1.6.0
+	$(PYLATE)/bin/pip install --quiet sentence-transformers==5.3.0 'transformers>=4.41,<=5.3.0' datasets pandas
+	touch $@
+
+pylate: $(PYLATE)/.installed
+
+# A real Milvus standalone server for the slow tests and bench/milvus_server.py: PyPI's `milvus`
+# (the server binary is inside the wheel; `milvus-server --data DIR` serves gRPC, nothing
+# downloads) in its own venv, so it never touches the project's pymilvus or grpcio.
+MILVUS_VERSION := 2.3.5
+MILVUS_SERVER  := .milvus-venv
+$(MILVUS_SERVER)/bin/milvus-server:
+	test -x $(MILVUS_SERVER)/bin/python || $(PY) -m venv $(MILVUS_SERVER)
+	$(MILVUS_SERVER)/bin/pip install --quiet 'milvus==$(MILVUS_VERSION)'
+
+milvus-server: $(MILVUS_SERVER)/bin/milvus-server
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,12 +67,13 @@ serve: setup
 embed: setup
 	$(BIN)/embedpool embed "A sample sentence to embed."
 
-test: setup browser
+test: setup browser pylate
 	$(BIN)/python -m pytest -q
 
 # minutes-long real-part checks (the long-document job's peak memory, Ray SIGKILL-resume and
-# Milvus worker writes); CI runs them after `make test`
-test-slow: setup
+# Milvus worker writes, the contract and the faults against a real Milvus server); CI runs them
+# after `make test`
+test-slow: setup pylate milvus-server
 	$(BIN)/python -m pytest -q -m slow
 
 # The API image with podman on a machine with no registry (deploy/podman-image.sh prepares the
@@ -65,4 +91,4 @@ test-image: setup image image-ray
 	$(BIN)/python -m pytest -q -m image
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PYLATE) $(MILVUS_SERVER)

@@ -60,10 +60,15 @@ def own_dim(pooler: str, model_dim: int) -> int | None:
     return build_pooler(pooler).output_dim(model_dim)
 
 
-def collection_embedding(spec: CollectionSpec, model_dim: int, role: str = "query") -> Embedding:
+def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], int],
+                         role: str = "query") -> Embedding:
     """How texts of ``role`` (queries; documents when upserting) are embedded for a collection
     of ``spec`` on a model of ``model_dim`` dimensions (a smaller ``spec.dim`` is a Matryoshka
-    truncation; a pooler with a size of its own, ``fde``, is never truncated)."""
+    truncation; a pooler with a size of its own, ``fde``, is never truncated). ``model_dim`` may
+    be a function of the pooler spec (``Embedder.natural_dim``: a model's head changes the size
+    of single-vector poolers' vectors, not of token vectors)."""
+    if callable(model_dim):
+        model_dim = model_dim(spec.pooler)
     own = own_dim(spec.pooler, model_dim) if spec.pooler else None
     if own is None and spec.pooler and build_pooler(spec.pooler).sparse:  # splade: the vocabulary's size
         own = spec.dim
@@ -104,7 +109,8 @@ def resolve_companion(embedder, pooler: str, companion: str | None) -> tuple[str
     return cp.spec, ("window" if per_window else "document")
 
 
-def companion_embedding(spec: CollectionSpec, model_dim: int, role: str = "query") -> Embedding | None:
+def companion_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], int],
+                        role: str = "query") -> Embedding | None:
     """How texts of ``role`` are embedded for the companion rows a collection keeps itself
     (``spec.companion_pooler``), or ``None`` if it keeps none."""
     if spec.companion_pooler is None:
@@ -112,7 +118,8 @@ def companion_embedding(spec: CollectionSpec, model_dim: int, role: str = "query
     return collection_embedding(spec.companion_spec(), model_dim, role)
 
 
-def document_embeddings(spec: CollectionSpec, model_dim: int) -> tuple[Embedding, Embedding | None]:
+def document_embeddings(spec: CollectionSpec,
+                        model_dim: int | Callable[[str], int]) -> tuple[Embedding, Embedding | None]:
     """How documents written to a collection are embedded: its own vectors, and its companion
     rows if it keeps them (``add(companion=...)``)."""
     return (collection_embedding(spec, model_dim, role="document"),
@@ -189,7 +196,8 @@ class Search:
 
     Args:
         collection: the open collection.
-        model_dim: the model's dimension (for the Matryoshka ``dimensions`` of the queries).
+        model_dim: the model's dimension (for the Matryoshka ``dimensions`` of the queries), or
+            ``Embedder.natural_dim``: the size of a pooler's vectors before any truncation.
         mode / candidates / k_token: multi-vector candidate generation (see
             :meth:`index.CollectionBase.search`); ignored for single-vector collections.
         companion: the open companion collection of a ``two_stage`` search on a collection
@@ -203,7 +211,7 @@ class Search:
     """
 
     collection: CollectionBase
-    model_dim: int
+    model_dim: int | Callable[[str], int]
     k: int = 10
     mode: str = "exhaustive"
     candidates: int = 100

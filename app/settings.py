@@ -64,8 +64,13 @@ class Settings(BaseSettings):
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
+def add_engine_args(parser: argparse.ArgumentParser, *, several_models: bool = False) -> None:
+    if several_models:
+        parser.add_argument("--model", action="append", metavar="[NAME=]PATH_OR_ID",
+                            help="Hugging Face id or local folder; repeat as NAME=PATH_OR_ID to serve several "
+                                 "models, the first the default (env EMBEDPOOL_MODEL, entries separated by commas)")
+    else:
+        parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
     parser.add_argument("--precision", choices=list(PRECISIONS),
                         help="encoder path: auto (default: the fastest within the quality bar on this CPU), fp32, "
                         "bf16 (autocast), bf16-weights, openvino-fp32/-bf16/-int8/-int8-weights; "

@@ -6,25 +6,28 @@
 # Here (Debian bookworm, root, no registry, a local CPU torch wheel, a TLS-inspecting proxy) the
 # script prepares what that command takes for granted, each step skipped when already done:
 #   1. podman + runc + debootstrap from Debian's packages;
-#   2. a base image with `python` (localhost/embedpool-base:bookworm) made by debootstrap from the
-#      Debian mirror this machine's apt is configured with, unless PYTHON_IMAGE is already local;
+#   2. a base image with `python` (localhost/embedpool-base:bookworm-<recipe>) made by debootstrap
+#      from the Debian mirror this machine's apt is configured with, unless PYTHON_IMAGE is already
+#      local; <recipe> is a hash of deploy/podman-lib.sh's make_base and its package set, so a
+#      changed recipe builds a new base instead of reusing an old one;
 #   3. `podman build` with this machine's pip configuration (its CA bundle, its local wheel and
 #      index folders) mounted at build time only -- nothing of it is copied into the image.
 # Environment: IMAGE (default localhost/embedpool:latest), EXTRAS (pyproject extras, e.g. ray),
-# PYTHON_IMAGE, TORCH_VERSION.
+# PYTHON_IMAGE, TORCH_VERSION, PODMAN_STORE (an image store of its own: deploy/podman-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=deploy/podman-lib.sh
 . deploy/podman-lib.sh
 
 IMAGE=${IMAGE:-localhost/embedpool:latest}
-BASE=${PYTHON_IMAGE:-localhost/embedpool-base:bookworm}
+OWN_BASE=localhost/embedpool-base:bookworm-$(base_recipe)
+BASE=${PYTHON_IMAGE:-$OWN_BASE}
 TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^TORCH *:= *torch==//p' Makefile)}
 
 ensure_engine
 
-if ! podman image exists "$BASE"; then
-    if [ "$BASE" != localhost/embedpool-base:bookworm ]; then
+if ! podman_ image exists "$BASE"; then
+    if [ "$BASE" != "$OWN_BASE" ]; then
         echo "PYTHON_IMAGE=$BASE is not a local image and no registry is reachable" >&2
         exit 2
     fi
@@ -72,4 +75,4 @@ args=(--build-arg "PYTHON_IMAGE=$BASE" --build-arg "TORCH_VERSION=$TORCH_VERSION
 
 echo "building $IMAGE${EXTRAS:+ with extras $EXTRAS} from $BASE (torch $TORCH_VERSION${wheels:+ from the local wheel folder})"
 podman_ build --format docker --network host "${mounts[@]}" "${args[@]}" -t "$IMAGE" -f Dockerfile .
-podman image inspect "$IMAGE" --format 'built {{.Id}} size {{.Size}} bytes'
+podman_ image inspect "$IMAGE" --format 'built {{.Id}} size {{.Size}} bytes'

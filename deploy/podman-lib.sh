@@ -1,8 +1,14 @@
 # Shared by deploy/podman-image.sh and the image tests' shell steps: podman on this kind of machine.
 # Sourced, not run.
 
-# podman with the runc runtime (crun stops with "cgroups in hybrid mode not supported" here)
-podman_() { podman --runtime runc "$@"; }
+# podman with the runc runtime (crun stops with "cgroups in hybrid mode not supported" here).
+# PODMAN_STORE=DIR: an image store of its own under DIR (podman's --root and --runroot), empty
+# at first -- the image tests build the base there, as on a machine that has none.
+podman_() {
+    local store=()
+    [ -z "${PODMAN_STORE:-}" ] || store=(--root "$PODMAN_STORE/root" --runroot "$PODMAN_STORE/run")
+    podman --runtime runc "${store[@]}" "$@"
+}
 
 # rlimits for `podman run`: podman's defaults can exceed this machine's hard limits, and the
 # runtime then fails with "setrlimit ... Operation not permitted". Read them, never hard-code them:
@@ -45,21 +51,54 @@ debian_mirror() {
          $1 == "deb" && $2 ~ /^\[/ && $3 ~ /debian\/?$/ {print $3; exit}' /etc/apt/sources.list 2>/dev/null
 }
 
-# a minimal Debian bookworm with Python 3.11 and `python` on PATH, as the official image has
+# What the base holds besides debootstrap's minbase: Python 3.11 with venv and pip (the
+# Dockerfile's first step is `python -m venv`), TLS roots, and groupadd/useradd for its user.
+# python3.11-venv depends on python3.11-distutils, a virtual package that only python3-distutils
+# provides: apt resolves that, debootstrap does not ("Couldn't find these debs" for the virtual
+# name, an unconfigured python3.11-venv without it), so the provider is named here.
+BASE_PACKAGES=python3.11,python3.11-venv,python3-distutils,ca-certificates,passwd
+
+# a minimal Debian bookworm with Python 3.11 and `python` on PATH, as the official image has.
+# debootstrap's output goes to a log; when it fails, the log's end and debootstrap's own log
+# (which names the package that did not install or configure) are printed.
 make_base() {
-    local tag=$1 mirror root
+    local tag=$1 mirror root log
     mirror=$(debian_mirror)
     [ -n "$mirror" ] || { echo "no Debian mirror in /etc/apt/sources*" >&2; return 2; }
     root=$(mktemp -d)
-    echo "debootstrap bookworm from $mirror"
-    debootstrap --variant=minbase --include=python3.11,python3.11-venv,ca-certificates,passwd \
-        bookworm "$root" "$mirror" >/dev/null
+    log=$(mktemp)
+    echo "debootstrap bookworm from $mirror with $BASE_PACKAGES (log: $log)"
+    if ! debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$root" "$mirror" >"$log" 2>&1; then
+        {
+            echo "debootstrap failed; the end of its output:"
+            tail -n 40 "$log"
+            if [ -f "$root/debootstrap/debootstrap.log" ]; then
+                echo "--- the end of $root/debootstrap/debootstrap.log:"
+                tail -n 40 "$root/debootstrap/debootstrap.log"
+            fi
+        } >&2
+        rm -rf "$root"
+        return 1
+    fi
+    # the base must do what the Dockerfile asks of it before it is tagged
+    if ! chroot "$root" /usr/bin/python3.11 -m venv --help >/dev/null 2>&1 \
+        || ! chroot "$root" /usr/bin/python3.11 -c 'import ensurepip, ssl' 2>&1; then
+        echo "the debootstrapped base lacks venv/ensurepip/ssl" >&2
+        rm -rf "$root"
+        return 1
+    fi
+    rm -f "$log"
     ln -sf /usr/bin/python3.11 "$root/usr/local/bin/python"
     ln -sf /usr/bin/python3.11 "$root/usr/local/bin/python3"
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* \
         "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/locale/*
-    tar -C "$root" -c . | podman import --change 'CMD ["python"]' - "$tag" >/dev/null
+    tar -C "$root" -c . | podman_ import --change 'CMD ["python"]' - "$tag" >/dev/null
     rm -rf "$root"
+}
+
+# 12 hex digits that change whenever make_base or its package set does (the base image's tag)
+base_recipe() {
+    { declare -f make_base; echo "$BASE_PACKAGES"; } | sha256sum | cut -c1-12
 }
 
 # one setting from pip's configuration (global.NAME or install.NAME), e.g. find-links

@@ -2,7 +2,7 @@
 
 from embedpool.poolers import (  # noqa: F401  (register)
     attention, attnstats, cls, cluster, fde, glot, landmark, layermean, max, maxpoolbert, mean, multilayer,
-    reinpool, splade, tokens,
+    pooling, reinpool, splade, tokens,
 )
 from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window

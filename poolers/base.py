@@ -92,6 +92,11 @@ class Pooler(Configurable):
       returns from the same forward pass; the other poolers' requests never pay for them;
     - ``sparse``: gives sparse vocabulary-sized vectors scored by dot product (``splade``): never
       normalized nor truncated, served as indices and values.
+
+    Every pooler that is not always multi-vector has the option ``model_head`` (default true): its
+    vectors go through the model's own modules after Pooling (Dense, LayerNorm, Normalize, its
+    Matryoshka ``truncate_dim``) where they apply, so that they live in the model's space
+    (:meth:`poolers.pipeline.Embedder.uses_head`); ``model_head=false`` keeps the raw pooled states.
     """
 
     name: ClassVar[str] = ""
@@ -101,15 +106,27 @@ class Pooler(Configurable):
     binds_model: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False
     sparse: ClassVar[bool] = False
+    #: single-vector poolers take ``model_head``; one with a size of its own (``fde``) does not
+    has_model_head: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.multi_vector is not True and cls.has_model_head and "model_head" not in cls.options:
+            # every single-vector pooler: through the model's head or not (Embedder.uses_head)
+            cls.options = {**cls.options, "model_head": bool}
+            cls.model_head = True
         if "config_keys" not in cls.__dict__:
             cls.config_keys = tuple(cls.options)
 
     def __init__(self, **kwargs: Any) -> None:
         for key, value in self.check_config(kwargs).items():
             setattr(self, key, value)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        config = super().get_config_dict()
+        if config.get("model_head") is True:  # the default: saved configs stay as they were
+            del config["model_head"]
+        return config
 
     @classmethod
     def check_config(cls, config: dict[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def cluster_batch(states: TokenStates, pool_factor: float, protected: int = 1) -
 
     Rows whose tokens are not a prefix of the row take the per-row path.
     """
-    mask = states.attention_mask.bool()
+    mask = states.vector_mask.bool()
     lengths = mask.sum(1)
     normed = torch.nn.functional.normalize(states.hidden.float(), dim=-1)
     contiguous = bool((mask == (torch.arange(mask.shape[1])[None, :] < lengths[:, None])).all())

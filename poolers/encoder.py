@@ -1,9 +1,14 @@
 """The frozen encoder: model loading, tokenization plans, length-sorted token-budget batches.
 
-The encoder is loaded through sentence-transformers (so a model's max sequence length, prompts
-and pooling config mean what they meant at training time) but run directly as the underlying
-transformers model, under ``torch.inference_mode()``: the poolers in this package replace the
-sentence-transformers pooling head.
+The model is loaded whole through sentence-transformers (:class:`poolers.stack.ModelStack`: a
+``SentenceTransformer``, or a ``MultiVectorEncoder`` for ColBERT-family / PyLate models), so its
+max sequence length, prompts, pooling, head and ColBERT settings mean what they meant at training
+time. Its transformer is run directly (embedpool's batches, windows and precision paths), under
+``torch.inference_mode()``; the token states go to embedpool's poolers, and to the model's own
+modules where they apply (``auto``, the head of single-vector poolers, a ColBERT model's token
+projection and scoring mask). Windows and landmarks use the model's own special tokens
+(:func:`poolers.stack.special_template`); a decoder-only model is right-padded (its causal
+attention never lets a real token see padding, and rotary positions are relative).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 
 from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
 from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
+from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
 log = logging.getLogger(__name__)
@@ -77,29 +83,53 @@ def resolve_model(name_or_path: str | None) -> tuple[str, str]:
     return name_or_path, name_or_path
 
 
-def pooling_mode_from_config(config: dict) -> str:
-    """The pooling a model was trained with, from its ``1_Pooling/config.json``.
+def splade_stack(path: Path) -> bool:
+    """Whether the model folder is a sentence-transformers SparseEncoder whose pooling is SPLADE's
+    max of ``log(1 + ReLU(logits))`` (``SpladePooling`` with its defaults), what ``splade`` computes."""
+    modules = _read_json(path / "modules.json") if (path / "modules.json").is_file() else []
+    for m in modules if isinstance(modules, list) else []:
+        if str(m.get("type", "")).endswith("SpladePooling"):
+            cfg = _read_json(path / m.get("path", "") / "config.json")
+            return cfg.get("pooling_strategy", "max") == "max" and cfg.get("activation_function", "relu") == "relu"
+    return False
 
-    Accepts both the v6 ``pooling_mode`` key (a string or a list) and the v5 boolean keys.
-    Several active modes (concatenation) are not a single pooler: the first one is used.
-    """
+
+def pooling_modes_from_config(config: dict) -> tuple[str, ...]:
+    """The pooling modes a model was trained with, from its ``1_Pooling/config.json``, in the
+    order its Pooling concatenates them. Accepts both the v6 ``pooling_mode`` key (a string or a
+    list) and the v5 boolean keys."""
     mode = config.get("pooling_mode")
     if mode is None:
-        active = [name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key)]
-        mode = active or ["mean"]
-    if isinstance(mode, (list, tuple)):
-        if len(mode) > 1:
-            log.warning("model concatenates pooling modes %s; using %s", mode, mode[0])
-        mode = mode[0]
-    return str(mode)
+        mode = [name for key, name in _LEGACY_POOLING_KEYS.items() if config.get(key)] or ["mean"]
+    return tuple(str(m) for m in mode) if isinstance(mode, (list, tuple)) else (str(mode),)
+
+
+def auto_spec(modes: Sequence[str], include_prompt: bool = True, multi_vector: bool = False) -> str:
+    """The pooler spec ``auto`` means for a model: ``tokens`` for a ColBERT-family model; the
+    model's one pooling mode when embedpool has it as a pooler of its own (``mean``, ``max``;
+    ``cls`` of a model that pools its prompt); else sentence-transformers' ``Pooling`` with the
+    model's modes (``pooling:mode=lasttoken``, ``pooling:mode=mean+max``). The model's head
+    follows in every case (see :meth:`poolers.pipeline.Embedder.uses_head`)."""
+    if multi_vector:
+        return "tokens"
+    modes = tuple(modes) or ("mean",)
+    if len(modes) == 1 and (modes[0] in ("mean", "max") or (modes[0] == "cls" and include_prompt)):
+        return modes[0]
+    return "pooling:mode=" + "+".join(modes)
+
+
+def pooling_mode_from_config(config: dict) -> str:
+    """:func:`auto_spec` of a model's ``1_Pooling/config.json`` (kept for callers of 0.1)."""
+    return auto_spec(pooling_modes_from_config(config), bool(config.get("include_prompt", True)))
 
 
 @dataclass(frozen=True)
 class Plan:
     """A tokenization plan. ``standard`` is the model's own; ``windowed`` is the same but splits
-    long inputs into several ``[CLS] … [SEP]`` windows instead of truncating them (multi-vector
-    poolers with ``window=true``); ``landmark`` inserts ``[SEP]`` after every ``g`` tokens (LMK
-    pooling) and windows long inputs too."""
+    long inputs into several windows, each between the model's own special tokens (``[CLS] …
+    [SEP]``, ``<s> … </s>``, ``… <eos>``), instead of truncating them (multi-vector poolers with
+    ``window=true``); ``landmark`` inserts the model's separator (``[SEP]``, ``</s>``) after every
+    ``g`` tokens (LMK pooling) and windows long inputs too."""
 
     kind: str = "standard"
     g: int = 32
@@ -123,14 +153,25 @@ class _Row:
     ids: np.ndarray  # int32
     special: np.ndarray  # int8
     landmark: np.ndarray  # int8
-    prompt_len: int = 0
+    prompt_len: int = 0  # leading positions the model's pooling leaves out (specials + prompt)
     # the text's content tokens (prompt + text, no specials) this row holds, [start, stop)
     span: tuple[int, int] = (0, 0)
+    # a ColBERT query's expansion positions (1), which attend only if the model says so
+    expansion: np.ndarray | None = None
+    attend: bool = True
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids, dtype=np.int32)
         self.special = np.asarray(self.special, dtype=np.int8)
         self.landmark = np.asarray(self.landmark, dtype=np.int8)
+        if self.expansion is not None:
+            self.expansion = np.asarray(self.expansion, dtype=np.int8)
+
+    def attention(self) -> np.ndarray:
+        """The row's attention mask (0 only at expansion positions that do not attend)."""
+        if self.expansion is None or self.attend:
+            return np.ones(len(self.ids), np.int8)
+        return (1 - self.expansion).astype(np.int8)
 
 
 @dataclass(frozen=True)
@@ -177,6 +218,18 @@ class FrozenEncoder:
         device: torch device, ``cpu`` by default.
         calibration: texts for static int8 calibration (e.g. a slice of the corpus); default a
             few built-in sentences. Only the ``openvino-int8`` path reads them.
+        truncate_dim: Matryoshka truncation of the model's own vectors, as
+            ``SentenceTransformer(truncate_dim=...)`` (``auto`` and single-vector poolers through
+            the head; a ColBERT model's token vectors).
+
+    Attributes:
+        stack: the model's whole module stack (:class:`poolers.stack.ModelStack`).
+        multi_vector: a ColBERT-family model.
+        causal: a decoder-only model (causal attention).
+        dim: the size of the model's own output vectors (after its head and ``truncate_dim``).
+        hidden_size: the size of the token states the poolers get.
+        pooling_mode: the pooler spec ``auto`` means for this model (:func:`auto_spec`).
+        template: the special tokens the tokenizer puts around a text.
     """
 
     def __init__(
@@ -186,12 +239,12 @@ class FrozenEncoder:
         max_batch_tokens: int = 2048,
         device: str = "cpu",
         calibration: Sequence[str] | None = None,
+        truncate_dim: int | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -200,36 +253,40 @@ class FrozenEncoder:
         self.requested_precision = precision
         self.max_batch_tokens = int(max_batch_tokens)
         self.device = torch.device(device)
-        try:
-            st = SentenceTransformer(path, device=device, local_files_only=True)
-        except OSError as exc:  # not a folder and not in the local cache
-            raise MissingFileError(
-                f"model {model!r} is neither a local folder nor in the local Hugging Face cache; "
-                "nothing is downloaded at run time"
-            ) from exc
-        st.eval()
+        self.stack = ModelStack.load(path, device, truncate_dim)
+        st = self.stack.model
         self._st = st
+        self.multi_vector = self.stack.multi_vector
         self.tokenizer = st.tokenizer
-        self.model = st[0].auto_model.eval()
+        self.model = self.stack.transformer.auto_model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.max_length = int(st.max_seq_length or self.tokenizer.model_max_length)
-        self.dim = int(st.get_embedding_dimension() if hasattr(st, "get_embedding_dimension")
-                       else self.model.config.hidden_size)
-        self.hidden_size = int(self.model.config.hidden_size)
+        self.causal = is_causal(self.model)
+        self.max_length = int(self.stack.document_length or st.max_seq_length or self.tokenizer.model_max_length)
+        self.query_length = self.stack.query_length if self.multi_vector else None
+        # the size of the vectors the model itself gives (after its head; /info reports it)
+        self.dim = int(self.stack.head_out_dim or self.model.config.hidden_size)
+        # the size of the token states the poolers see (a ColBERT model's: its token projection)
+        self.hidden_size = self.dim if self.multi_vector else int(self.model.config.hidden_size)
         self.prompts = {k: v for k, v in (st.prompts or {}).items() if v}
         self.prompt_names = dict(st.prompts or {})  # every named prompt, empty ones included
-        pool_cfg = _read_json(Path(path) / "1_Pooling" / "config.json")
-        self.pooling_mode = pooling_mode_from_config(pool_cfg) if pool_cfg else "mean"
-        self.include_prompt = bool(pool_cfg.get("include_prompt", True)) if pool_cfg else True
-        self.cls_id = self.tokenizer.cls_token_id
-        self.sep_id = self.tokenizer.sep_token_id
-        self.pad_id = self.tokenizer.pad_token_id or 0
-        if self.cls_id is None or self.sep_id is None:
-            # Encoders without [CLS]/[SEP] (e.g. RoBERTa-style <s>/</s>) expose bos/eos instead.
-            self.cls_id = self.cls_id if self.cls_id is not None else self.tokenizer.bos_token_id
-            self.sep_id = self.sep_id if self.sep_id is not None else self.tokenizer.eos_token_id
-        self._n_special = int(self.tokenizer.num_special_tokens_to_add(pair=False))
+        self.pooling_modes = self.stack.pooling_modes
+        self.include_prompt = self.stack.include_prompt
+        #: the pooler spec ``auto`` means for this model (see :func:`auto_spec`)
+        self.pooling_mode = auto_spec(self.pooling_modes, self.include_prompt, self.multi_vector)
+        if splade_stack(Path(local_snapshot(path))):  # a sentence-transformers SparseEncoder: MLMTransformer + SpladePooling
+            self.pooling_mode = "splade"
+        self.template = special_template(self.tokenizer)
+        self.cls_id = self.template.prefix[0] if self.template.prefix else None
+        self.sep_id = self.template.separator
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        self._n_special = self.template.count
+        import inspect
+
+        self._token_types = ("token_type_ids" in self.tokenizer.model_input_names
+                             and "token_type_ids" in inspect.signature(self.model.forward).parameters)
         self.stats = EncoderStats()
         # The fast tokenizer's truncation setting is state of the Rust object, changed by calls
         # that ask for another one; concurrent calls (the server counts a request's tokens while
@@ -255,6 +312,34 @@ class FrozenEncoder:
         self.precision, self.precision_reason = path, reason
         log.info("encoder precision %s (asked: %s): %s", path, precision, reason)
 
+    def check_pooler(self, pooler) -> None:
+        """Refuse, with the reason, a pooler that cannot work on this model: ``landmark`` without a
+        bidirectional encoder and a separator token; ``cls`` (unless it is the model's own
+        pooling) on a decoder-only model, whose first token sees nothing after it; the layer
+        poolers on a ColBERT model (its vectors are a projection of the last layer only)."""
+        from embedpool.poolers.base import PoolerSpecError
+
+        if pooler.plan.kind == "landmark":
+            self._landmark_separator()
+        if self.causal and pooler.name == "cls" and self.pooling_modes != ("cls",):
+            raise PoolerSpecError("pooler 'cls' reads the first token, which a decoder-only model's causal attention "
+                                  "shows nothing after it; use auto (the model's own pooling, e.g. lasttoken), "
+                                  "pooling:mode=lasttoken or mean")
+        if self.multi_vector and pooler.needs_layers:
+            raise PoolerSpecError(f"pooler {pooler.name!r} reads the transformer's hidden layers, but a ColBERT "
+                                  "model's vectors are its token projection of the last one: use tokens, cluster "
+                                  "or a single-vector pooler")
+
+    def _landmark_separator(self) -> int:
+        """The landmark token (the model's separator), or an error saying why there is none."""
+        sep = self.template.separator
+        if self.causal or sep is None:
+            why = ("a decoder-only model's causal attention lets a landmark see only the tokens before it"
+                   if self.causal else "the model's tokenizer closes a text with no separator token")
+            raise InvalidError(f"landmark pooling needs a bidirectional encoder with a separator token "
+                               f"([SEP], </s>): {why}; use mean, the model's own pooling (auto) or tokens")
+        return sep
+
     # ------------------------------------------------------------------ tokenization
     def prompt_for(self, role: str | None, prompt_name: str | None = None) -> str:
         """The prompt prepended to a text: the model's prompt named ``prompt_name`` (TEI's and
@@ -274,74 +359,128 @@ class FrozenEncoder:
         with self._tokenizer_lock:
             return self.tokenizer(texts, **kwargs)
 
+    def window_for(self, role: str | None) -> int:
+        """The model's window for a text of ``role``: a ColBERT model's query width for queries,
+        its document length (or the model's max sequence length) otherwise."""
+        if role == "query" and self.query_length:
+            return int(self.query_length)
+        return self.max_length
+
     def _tokenize_standard(self, texts: Sequence[str], prompt: str, truncate: bool,
-                           direction: str = "right") -> list[_Row]:
+                           direction: str = "right", role: str | None = None) -> list[_Row]:
         full = [prompt + t for t in texts]
+        window = self.window_for(role)
         cut_right = truncate and direction == "right"
         enc = self.run_tokenizer(
             full,
             add_special_tokens=True,
             truncation=cut_right,
-            max_length=self.max_length if cut_right else None,
+            max_length=window if cut_right else None,
             return_special_tokens_mask=True,
             return_attention_mask=False,
             return_token_type_ids=False,
             verbose=False,
         )
         n_prompt = self._prompt_tokens(prompt)
+        lead_specials = len(self.template.prefix)
+        expand = self.stack.expansion if role == "query" else None
+        expansion_id = self.stack.expansion_id(self.tokenizer) if expand else None
         rows = []
         for i, (ids, special) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
             lead = _run_length(special)
             trail = _run_length(special[::-1]) if lead < len(special) else 0
             n_content = len(ids) - lead - trail
             span = (0, n_content)
-            if truncate and len(ids) > self.max_length:  # left: keep specials, prompt and the end
+            if truncate and len(ids) > window:  # left: keep specials, prompt and the end
                 head = lead + n_prompt
-                keep = self.max_length - head - trail
+                keep = window - head - trail
                 if keep < 1:
                     raise ValueError(f"the prompt takes {n_prompt} tokens: no room is left for the text "
-                                     f"in the model's window of {self.max_length}")
+                                     f"in the model's window of {window}")
                 tail = len(ids) - trail - keep
                 ids, special = ids[:head] + ids[tail:], special[:head] + special[tail:]
                 span = (n_content - keep, n_content)
-            if len(ids) > self.max_length:
+            if len(ids) > window:
                 raise InvalidError(
-                    f"input {i} has {len(ids)} tokens, over the model's limit of {self.max_length}; "
+                    f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
                     "shorten it or set truncate=true"
                 )
-            rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8), n_prompt, span))
+            expansion = None
+            if expand is not None and expansion_id is not None and len(ids) < expand["length"]:
+                # ColBERT query expansion: pad to the query width with [MASK] (PyLate's)
+                pad = expand["length"] - len(ids)
+                expansion = [0] * len(ids) + [1] * pad
+                ids, special = list(ids) + [expansion_id] * pad, list(special) + [0] * pad
+            rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
+                             lead_specials + n_prompt if n_prompt else 0, span, expansion,
+                             expansion is None or bool(expand.get("attend"))))
         return rows
 
     def _prompt_tokens(self, prompt: str) -> int:
-        """Tokens the prompt adds after ``[CLS]`` (0 without a prompt)."""
-        return len(self.run_tokenizer(prompt, add_special_tokens=True)["input_ids"]) - 1 if prompt else 0
+        """Tokens of the prompt, without special tokens (0 without a prompt)."""
+        if not prompt:
+            return 0
+        return len(self.run_tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def _windows_layout(self) -> tuple[list[int], list[int], int]:
+        """``(prefix ids, suffix ids, content tokens per window)`` of the windowed plans."""
+        prefix, suffix = list(self.template.prefix), list(self.template.suffix)
+        return prefix, suffix, self.max_length - len(prefix) - len(suffix)
 
     def _tokenize_windowed(self, texts: Sequence[str], prompt: str) -> list[_Row]:
         """The standard layout, but an input over the window becomes consecutive windows of
-        ``max_length - 2`` tokens, each ``[CLS] … [SEP]``; the first window is exactly the
-        standard (truncated) sequence."""
+        ``max_length`` tokens, each between the model's own special tokens; the first window is
+        exactly the standard (truncated) sequence."""
         enc = self.run_tokenizer(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,
         )
-        n_prompt, width = self._prompt_tokens(prompt), self.max_length - 2
+        n_prompt = self._prompt_tokens(prompt)
+        prefix, suffix, width = self._windows_layout()
+        if self.multi_vector and n_prompt:  # a ColBERT model's [D] marker opens every window
+            return self._windows_with_marker(enc["input_ids"], n_prompt, prefix, suffix, width)
         rows = []
         for i, toks in enumerate(enc["input_ids"]):
             for w in range(0, max(len(toks), 1), width):
                 chunk = toks[w:w + width]
-                ids = [self.cls_id, *chunk, self.sep_id]
-                special = [1] + [0] * len(chunk) + [1]
-                rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8), n_prompt if w == 0 else 0,
-                                 (w, w + len(chunk))))
+                ids = [*prefix, *chunk, *suffix]
+                special = [1] * len(prefix) + [0] * len(chunk) + [1] * len(suffix)
+                rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
+                                 len(prefix) + n_prompt if w == 0 and n_prompt else 0, (w, w + len(chunk))))
+        return rows
+
+    @staticmethod
+    def _windows_with_marker(tokenized: list[list[int]], n_prompt: int, prefix: list[int], suffix: list[int],
+                             width: int) -> list[_Row]:
+        """Windows of a ColBERT model's documents: each is ``prefix + prompt + chunk + suffix``
+        (the model was trained on ``[CLS] [D] … [SEP]`` sequences), the first one the standard
+        sequence; a later window's span leaves its repeated prompt out, as a left-truncated row."""
+        rows = []
+        step = width - n_prompt
+        if step < 1:
+            raise InvalidError(f"the prompt takes {n_prompt} tokens: no room is left for the text in the "
+                               f"model's window of {width + len(prefix) + len(suffix)}")
+        for i, toks in enumerate(tokenized):
+            marker, body = toks[:n_prompt], toks[n_prompt:]
+            for w in range(0, max(len(body), 1), step):
+                chunk = body[w:w + step]
+                ids = [*prefix, *marker, *chunk, *suffix]
+                special = [1] * len(prefix) + [0] * (n_prompt + len(chunk)) + [1] * len(suffix)
+                span = (0 if w == 0 else n_prompt + w, n_prompt + w + len(chunk))
+                rows.append(_Row(i, ids, special, np.zeros(len(ids), np.int8),
+                                 len(prefix) + n_prompt if w == 0 else 0, span))
         return rows
 
     def _tokenize_landmark(self, texts: Sequence[str], prompt: str, g: int) -> list[_Row]:
         """LMK layout: ``[CLS] c1 [SEP] c2 [SEP] … ck [SEP]`` with chunks of ``g`` tokens, the
-        last chunk possibly shorter; long inputs become several windows of whole chunks, each
-        a valid ``[CLS] … [SEP]`` sequence. An empty text is ``[CLS] [SEP]``."""
+        last chunk possibly shorter, with the model's own leading specials and separator
+        (``<s> … </s> …`` for RoBERTa-style models); long inputs become several windows of whole
+        chunks, each a valid sequence. An empty text is ``[CLS] [SEP]``."""
         if g < 1:
             raise InvalidError(f"landmark g must be >= 1, got {g}")
-        per_window = (self.max_length - 1) // (g + 1)
+        sep = self._landmark_separator()
+        prefix = list(self.template.prefix)
+        per_window = (self.max_length - len(prefix)) // (g + 1)
         if per_window < 1:
             raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
         enc = self.run_tokenizer(
@@ -352,9 +491,9 @@ class FrozenEncoder:
         for i, toks in enumerate(enc["input_ids"]):
             chunks = [toks[s:s + g] for s in range(0, len(toks), g)] or [[]]
             for w in range(0, len(chunks), per_window):
-                ids, special, landmark = [self.cls_id], [1], [0]
+                ids, special, landmark = list(prefix), [1] * len(prefix), [0] * len(prefix)
                 for chunk in chunks[w:w + per_window]:
-                    ids += chunk + [self.sep_id]
+                    ids += chunk + [sep]
                     special += [0] * len(chunk) + [1]
                     landmark += [0] * len(chunk) + [1]
                 start = w * g
@@ -372,7 +511,7 @@ class FrozenEncoder:
             raise ValueError(f"truncation_direction must be 'right' or 'left', got {truncation_direction!r}")
         prompt = self.prompt_for(role, prompt_name)
         if plan.kind == "standard":
-            return self._tokenize_standard(texts, prompt, truncate, truncation_direction)
+            return self._tokenize_standard(texts, prompt, truncate, truncation_direction, role)
         if plan.kind == "windowed":
             return self._tokenize_windowed(texts, prompt)
         if plan.kind == "landmark":
@@ -417,14 +556,16 @@ class FrozenEncoder:
         return [len(ids) for ids in enc["input_ids"]]
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, rows: list[_Row], all_layers: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _forward(self, rows: list[_Row], all_layers: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``(hidden, attention_mask, layers, input_ids)`` of ``rows``, right-padded."""
         t0 = time.perf_counter()
         width = max(len(r.ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             ids[i, : len(r.ids)] = torch.from_numpy(r.ids)
-            mask[i, : len(r.ids)] = 1
+            mask[i, : len(r.ids)] = torch.from_numpy(r.attention())
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.precision == "bf16" else nullcontext())
         with torch.inference_mode(), autocast:
@@ -433,8 +574,7 @@ class FrozenEncoder:
             out = self._forward_fn(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
-                token_type_ids=torch.zeros_like(ids).to(self.device)
-                if "token_type_ids" in self.tokenizer.model_input_names else None,
+                token_type_ids=torch.zeros_like(ids).to(self.device) if self._token_types else None,
                 output_hidden_states=all_layers,
             )
         hidden = out.last_hidden_state.float()
@@ -448,7 +588,7 @@ class FrozenEncoder:
         self.stats.forward_calls += 1
         self.stats.tokens += int(mask.sum())
         self.stats.forward_seconds += time.perf_counter() - t0
-        return hidden, mask, layers
+        return hidden, mask, layers, ids
 
     def encode(self, texts: Sequence[str], plan: Plan = STANDARD, role: str | None = None,
                truncate: bool = True, all_layers: bool = False, *, prompt_name: str | None = None,
@@ -490,24 +630,36 @@ class FrozenEncoder:
             rows = [replace(r, text=i) for i, text_rows in enumerate(rows) for r in text_rows]
         for batch, row_ids, continued in self._batches(rows):
             batch_rows = [rows[r] for r in row_ids]
-            yield batch, self._states(batch, batch_rows, plan, all_layers, continued)
+            yield batch, self._states(batch, batch_rows, plan, all_layers, continued, role or "document")
 
     def _states(self, batch: list[int], batch_rows: list[_Row], plan: Plan, all_layers: bool,
-                continued: bool) -> TokenStates:
-        """Forward ``batch_rows`` (the rows of the texts ``batch``) and wrap their states."""
-        hidden, mask, layers = self._forward(batch_rows, all_layers)
+                continued: bool, role: str | None = None) -> TokenStates:
+        """Forward ``batch_rows`` (the rows of the texts ``batch``) and wrap their states (a
+        ColBERT model's: its projected token vectors and the tokens it scores with)."""
+        hidden, mask, layers, ids = self._forward(batch_rows, all_layers)
         special = torch.zeros_like(mask)
         landmark = torch.zeros_like(mask)
         text_pos = {t: i for i, t in enumerate(batch)}
         text_index = torch.tensor([text_pos[r.text] for r in batch_rows])
-        pool_mask = mask
+        pool_mask = vector_mask = mask
+        prompt_tokens = 0
         if not self.include_prompt and any(r.prompt_len for r in batch_rows):
             pool_mask = mask.clone()
+            prompt_tokens = max(r.prompt_len for r in batch_rows)
         for i, r in enumerate(batch_rows):
             special[i, : len(r.special)] = torch.from_numpy(r.special)
             landmark[i, : len(r.landmark)] = torch.from_numpy(r.landmark)
             if pool_mask is not mask and r.prompt_len:
-                pool_mask[i, 1 : 1 + r.prompt_len] = 0
+                pool_mask[i, : r.prompt_len] = 0  # as sentence-transformers' Pooling: specials + prompt
+        if self.multi_vector:
+            expansion = None
+            if any(r.expansion is not None for r in batch_rows):
+                expansion = torch.zeros_like(mask)
+                for i, r in enumerate(batch_rows):
+                    if r.expansion is not None:
+                        expansion[i, : len(r.expansion)] = torch.from_numpy(r.expansion)
+            hidden, vector_mask = self.stack.token_vectors(hidden, mask, ids, expansion, role)
+            pool_mask = vector_mask
         return TokenStates(
             hidden=hidden,
             attention_mask=mask,
@@ -518,6 +670,8 @@ class FrozenEncoder:
             n_texts=len(batch),
             layers=layers,
             continued=continued,
+            vector_mask=vector_mask,
+            prompt_tokens=prompt_tokens,
         )
 
     def _batches(self, rows: list[_Row]) -> Iterator[tuple[list[int], list[int], bool]]:

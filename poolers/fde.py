@@ -274,6 +274,7 @@ class FdePooler(Pooler):
     """
 
     name = "fde"
+    has_model_head = False  # its own size: never through the model's head
     options = {"k_sim": int, "dim_proj": int, "reps": int, "seed": int, "final_dim": int, "window": bool}
     k_sim = 4  # defaults: the best of bench/index.py --fde's sweep (README, "MUVERA FDE candidates")
     dim_proj = 64

@@ -165,13 +165,52 @@ class Embedder:
 
     @property
     def dim(self) -> int:
-        return self.encoder.hidden_size
+        """The size of the default pooler's vectors (before any Matryoshka ``dimensions``): with
+        ``auto``, the model's own output size, after its head (what ``/info`` reports)."""
+        return self.natural_dim(None)
+
+    def uses_head(self, spec: str | Pooler | None) -> bool:
+        """Whether pooler ``spec``'s vectors go through the model's head (its sentence-transformers
+        modules after Pooling: Dense, LayerNorm, Normalize, ..., then its ``truncate_dim``).
+
+        The rule: every single-vector pooler (and each window's vector of a ``per_window`` one)
+        goes through it, so that its vectors live in the model's own space, unless it is asked
+        not to (``model_head=false``), has a size of its own (``fde``), or its vectors are not the size
+        the head takes (a single mode of a model that concatenates several). Token-level poolers
+        (``tokens``, ``cluster``) never do: a sentence head is not trained on tokens (a ColBERT
+        model's token projection is applied to every token by the encoder instead)."""
+        pooler = spec if isinstance(spec, Pooler) else self.pooler(spec)
+        stack = self.encoder.stack
+        if stack.multi_vector or not stack.has_head or not getattr(pooler, "model_head", True):
+            return False
+        if pooler.multi_vector and not getattr(pooler, "per_window", False):
+            return False
+        if pooler.output_dim(self.encoder.hidden_size) is not None:
+            return False
+        return self._pooled_dim(pooler) == stack.head_in_dim
+
+    def _pooled_dim(self, pooler: Pooler) -> int:
+        """The size of ``pooler``'s vectors before any head."""
+        return self.encoder.hidden_size * getattr(pooler, "width", 1)
+
+    def natural_dim(self, spec: str | None) -> int:
+        """The size of pooler ``spec``'s vectors before any Matryoshka ``dimensions``: its own
+        (``fde``), the model's output size when it goes through the head, else the token
+        states' (a ColBERT model's: its projection)."""
+        pooler = self.pooler(spec)
+        own = pooler.output_dim(self.encoder.hidden_size)
+        if own is not None:
+            return own
+        if self.uses_head(pooler):
+            return int(self.encoder.stack.head_out_dim)
+        return self._pooled_dim(pooler)
 
     def pooler(self, spec: str | None) -> Pooler:
         """Build (once) and return the pooler for ``spec``."""
         spec = spec or self.default_pooler
         if spec not in self._poolers:
             p = build_pooler(spec, default=self.encoder.pooling_mode, model_id=self.model_id)
+            self.encoder.check_pooler(p)
             self._poolers[spec] = p
             self._poolers.setdefault(p.spec, p)
         return self._poolers[spec]
@@ -181,16 +220,20 @@ class Embedder:
 
     def output_dim(self, spec: str | None, dimensions: int | None = None) -> int:
         """Size of the vectors of pooler ``spec`` after post-processing with ``dimensions``."""
-        own = self.pooler(spec).output_dim(self.dim)
-        return own if own is not None else (dimensions or self.dim)
+        own = self.pooler(spec).output_dim(self.encoder.hidden_size)
+        return own if own is not None else (dimensions or self.natural_dim(spec))
 
-    def check_dimensions(self, dimensions: int | None) -> None:
+    def check_dimensions(self, dimensions: int | None, spec: str | None = None) -> None:
+        """Raise unless ``dimensions`` (Matryoshka) fits pooler ``spec``'s vectors (``None``: the
+        default pooler's, or any of the model's sizes)."""
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
             raise InvalidTypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
-        if not 1 <= dimensions <= self.dim:
-            raise InvalidError(f"dimensions must be between 1 and the model's {self.dim}, got {dimensions}")
+        limit = self.natural_dim(spec) if spec is not None else max(self.dim, self.encoder.hidden_size)
+        if not 1 <= dimensions <= limit:
+            what = f" (the size of pooler {self.canonical(spec)!r}'s vectors)" if spec is not None else ""
+            raise InvalidError(f"dimensions must be between 1 and the model's {limit}{what}, got {dimensions}")
 
     def _plans(self, poolers: Sequence[str] | str | None) -> tuple[dict[str, Pooler], dict[Plan, list[str]]]:
         """The built poolers per spec, and the specs of each tokenization plan."""
@@ -257,8 +300,10 @@ class Embedder:
         options = EmbedOptions.of(options, **fields)
         if options.role not in ROLES:
             raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")
-        self.check_dimensions(options.dimensions)
         built, by_plan = self._plans(poolers)
+        for spec, p in built.items():
+            if p.output_dim(self.encoder.hidden_size) is None:
+                self.check_dimensions(options.dimensions, spec)
         texts = list(texts)
         _check_tokenized(tokenized, len(texts), options.tokenize_key)
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
@@ -284,6 +329,7 @@ class Embedder:
         parts: dict[str, list] = {spec: [] for spec in poolers}  # of a text split over batches
         # every hidden layer only when a pooler of this plan reads them, from the same pass
         all_layers = any(p.needs_layers for p in poolers.values())
+        heads = {spec: self.uses_head(p) for spec, p in poolers.items()}
         for text_ids, states in self.encoder.encode(texts, plan, role=options.role, truncate=options.truncate,
                                                     all_layers=all_layers, rows=rows,
                                                     **options.tokenizer_options):
@@ -291,7 +337,10 @@ class Embedder:
                 t0 = time.perf_counter()
                 pooled = _pool_part(pooler, states, options.role, parts[spec])
                 if pooled is not None:
-                    dims = options.dimensions if pooler.output_dim(self.dim) is None else None
+                    if heads[spec]:  # the model's own modules after Pooling (see uses_head)
+                        head = self.encoder.stack.head
+                        pooled = head(pooled) if isinstance(pooled, Tensor) else [head(p) for p in pooled]
+                    dims = options.dimensions if pooler.output_dim(self.encoder.hidden_size) is None else None
                     norm = options.normalize and not pooler.sparse  # SPLADE weights are scored by dot product
                     if isinstance(pooled, Tensor) and pooled.dim() == 2 and not pooler.multi_vector:
                         vecs = postprocess(pooled, norm, dims).numpy()  # the batch at once

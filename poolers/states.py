@@ -58,7 +58,13 @@ class TokenStates:
         special_tokens_mask: ``[R, T]`` 1 for special tokens (``[CLS]``, ``[SEP]``, …).
         landmark_mask: ``[R, T]`` 1 for landmark (``[SEP]``) positions, landmark plan only.
         pool_mask: ``[R, T]`` the tokens poolers average over: ``attention_mask`` minus the
-            prompt tokens when the model's pooling excludes its prompt.
+            prompt tokens when the model's pooling excludes its prompt (a ColBERT model: the
+            tokens it scores with, ``vector_mask``).
+        vector_mask: ``[R, T]`` the tokens that become vectors of the multi-vector poolers
+            (``tokens``, ``cluster``): ``attention_mask``, or for a ColBERT model the tokens it
+            scores with (a query's expansion tokens in, a document's skiplist out).
+        prompt_tokens: leading positions of each row that the model's pooling leaves out
+            (special tokens and prompt, as sentence-transformers counts them), 0 for none.
         text_index: ``[R]`` index of the text each row belongs to, in ``0..n_texts-1``.
         n_texts: number of texts in the batch.
         layers: all hidden layers ``[L+1, R, T, D]`` when asked for, else ``None``.
@@ -75,10 +81,14 @@ class TokenStates:
     landmark_mask: Tensor | None = None
     layers: Tensor | None = None
     continued: bool = False
+    vector_mask: Tensor | None = None
+    prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.pool_mask is None:
             self.pool_mask = self.attention_mask
+        if self.vector_mask is None:
+            self.vector_mask = self.attention_mask
 
     def select_layers(self, layers: str) -> Tensor:
         """The hidden layers named by ``layers`` (see :func:`layer_indices`), ``[K, R, T, D]``.
@@ -132,6 +142,8 @@ class TokenStates:
             text_index=torch.cat(index),
             n_texts=offset + (1 if batches[-1].continued else 0),
             pool_mask=torch.cat([pad(b.pool_mask) for b in batches]),
+            vector_mask=torch.cat([pad(b.vector_mask) for b in batches]),
+            prompt_tokens=batches[0].prompt_tokens,
             landmark_mask=None if batches[0].landmark_mask is None
             else torch.cat([pad(b.landmark_mask) for b in batches]),
             layers=None if batches[0].layers is None

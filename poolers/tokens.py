@@ -11,8 +11,9 @@ from embedpool.poolers.states import TokenStates
 
 
 def normalized_tokens(states: TokenStates) -> list[Tensor]:
-    """Each text's attended token states (specials included), L2-normalized, ``[n_i, D]``."""
-    return [torch.nn.functional.normalize(t, dim=-1) for t in states.per_text_tokens()]
+    """Each text's token vectors (``states.vector_mask``: every attended token, specials
+    included; a ColBERT model's scored tokens), L2-normalized, ``[n_i, D]``."""
+    return [torch.nn.functional.normalize(t, dim=-1) for t in states.per_text_tokens(states.vector_mask)]
 
 
 class TokenVectorPooler(Pooler):

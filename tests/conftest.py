@@ -72,3 +72,25 @@ def varied_texts(scifact_docs, data_dir) -> list[str]:
     special = ["", " ", "a", "ünïcödé ☃ naïve café", "日本語のテキストです。", "emoji 🙂🚀 mix",
                "Ελληνικά κείμενα", "UPPER lower MiXeD 12345", "tabs\tand\nnewlines", "x " * 400]
     return sts + scifact_docs[:24] + special
+
+
+@pytest.fixture(scope="session")
+def colbert_reference(tmp_path_factory):
+    """A tiny ColBERT model wrapped and saved by PyLate in its own venv, and PyLate's encodings of
+    family_models' queries and documents (see family_models.run_pylate)."""
+    from family_models import DOCUMENTS, QUERIES, run_pylate
+
+    return run_pylate(tmp_path_factory.mktemp("colbert"), {"queries": QUERIES, "documents": DOCUMENTS})
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory):
+    """A real Milvus standalone server (2.3, ``make milvus-server``) for the session, started on
+    first use; tests that stop or kill it start it again before they end."""
+    from milvus_testutil import MilvusServer
+
+    srv = MilvusServer(tmp_path_factory.mktemp("milvus-server")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

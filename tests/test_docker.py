@@ -3,6 +3,7 @@ image relies on (health route, settings names, volume, port) exists in the code.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -296,3 +297,28 @@ def test_readme_ray_job_command_runs_against_the_compose_cluster():
     assert args.corpus.startswith("/corpus/")
     assert (args.data_dir or _env(_final_stage())["EMBEDPOOL_DATA_DIR"]) in {d for _, d in _mounts(head)}
     assert args.workers >= 1
+
+
+def test_make_base_shows_why_debootstrap_failed(tmp_path):
+    """A failing debootstrap is reported with its own words (it used to go to /dev/null, leaving
+    only make's `Error 1`); nothing is imported as a base. The real debootstrap runs in
+    tests/image/test_image_from_scratch.py."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "debootstrap").write_text(
+        "#!/bin/sh\necho 'I: Resolving dependencies of required packages...'\n"
+        "echo \"E: Couldn't find these debs: python3.11-distutils\" >&2\n"
+        "mkdir -p \"$4/debootstrap\"; echo 'dpkg: python3.11-venv depends on python3.11-distutils' > \"$4/debootstrap/debootstrap.log\"\n"
+        "exit 1\n")
+    (fake / "debootstrap").chmod(0o755)
+    (fake / "podman").write_text("#!/bin/sh\necho podman must not run >&2\nexit 3\n")
+    (fake / "podman").chmod(0o755)
+    lib = ROOT / "deploy" / "podman-lib.sh"
+    r = subprocess.run(["bash", "-c", f'. "{lib}"; debian_mirror() {{ echo http://deb.example/debian; }}; '
+                        'make_base localhost/embedpool-base:test'], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{fake}:/usr/bin:/bin"})
+    assert r.returncode != 0
+    assert "debootstrap failed" in r.stderr and "Couldn't find these debs: python3.11-distutils" in r.stderr
+    assert "python3.11-venv depends on python3.11-distutils" in r.stderr  # debootstrap's own log
+    assert "podman must not run" not in r.stderr
+    assert "python3-distutils" in r.stdout  # the provider of python3.11-distutils is asked for

@@ -65,14 +65,16 @@ def job_options(args: argparse.Namespace) -> dict:
             "analyzer": args.analyzer, "progress": not args.no_progress}
 
 
-def command(sub, name: str, run, *, help: str, description: str, storage: bool = False) -> argparse.ArgumentParser:
+def command(sub, name: str, run, *, help: str, description: str, storage: bool = False,
+            several_models: bool = False) -> argparse.ArgumentParser:
     """The parser of subcommand ``name`` running ``run(args)``, with the engine flags (and, with
-    ``storage``, the storage flags) of :mod:`app.settings` in their own help sections."""
+    ``storage``, the storage flags) of :mod:`app.settings` in their own help sections;
+    ``several_models``: ``--model`` may be repeated."""
     from embedpool.app.settings import add_engine_args, add_storage_args
 
     p = sub.add_parser(name, help=help, description=description)
     p.set_defaults(func=run)
-    add_engine_args(p.add_argument_group("engine"))
+    add_engine_args(p.add_argument_group("engine"), several_models=several_models)
     if storage:
         add_storage_args(p.add_argument_group("storage"))
     return p

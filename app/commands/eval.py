@@ -20,7 +20,9 @@ def register(sub) -> None:
                     "MAP@100 (ranx), bytes per document, encode time, query latency and paired p-values "
                     "against --baseline. --sts scores Spearman of cosine similarity on a "
                     "sentence1/sentence2/score TSV; --synthetic-long hides each relevant document among "
-                    "K distractors in one long document.")
+                    "K distractors in one long document. Several --model (NAME=PATH_OR_ID or PATH_OR_ID): "
+                    "every pooler on every model in one report, with paired p-values against the first "
+                    "model's same pooler too.", several_models=True)
     add_data_sources(p, ("--synthetic-long", "BEIR folder to build long documents from"))
     p.add_argument("--split", default="test")
     p.add_argument("--pooler", action="append", dest="poolers", required=True, metavar="SPEC",
@@ -68,45 +70,64 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from embedpool.app import datasets
     from embedpool.app import evaluation as ev
 
     modes = [m.strip() for ms in (args.modes or ["exhaustive"]) for m in ms.split(",") if m.strip()]
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    settings = from_args(args)
+    models = ev.model_entries(args.model or from_args(args, model=None).model)  # --model repeatable
+    settings = from_args(args, model=models[0][1])
     if args.stress:
+        if len(models) > 1:
+            raise UsageError("--stress evaluates one model; give one --model")
         return _stress(args, settings, modes, log)
+    one = _evaluation(args, modes, log)
+    if len(models) == 1:
+        report = one(load_embedder(settings), None)
+    else:
+        report = ev.evaluate_models(models, lambda path: load_embedder(settings.model_copy(update={"model": path})),
+                                    one, stat_test=args.stat_test, log=log)
+    print(ev.format_report(report))
+    ev.write_outputs(report, args.out, args.markdown, args.plot)
+    return 0
+
+
+def _evaluation(args: argparse.Namespace, modes: list[str], log):
+    """``one(embedder, model name or None) -> report``: the evaluation the flags ask for, of one
+    model (the data read once for all models; each model indexes into a folder of its own)."""
+    from pathlib import Path
+
+    from embedpool.app import datasets
+    from embedpool.app import evaluation as ev
+
     if args.sts:
         pairs = datasets.load_sts(args.sts, args.split)
         if args.max_pairs:
             pairs = pairs[: args.max_pairs]
-        embedder = load_embedder(settings)
-        from pathlib import Path
+        return lambda embedder, name: ev.evaluate_sts(embedder, pairs, args.poolers, baseline=args.baseline,
+                                                      seed=args.seed,
+                                                      info={"dataset": Path(args.sts).name, "split": args.split})
+    data = datasets.load_beir(args.data or args.synthetic_long, args.split)
+    if args.data:
+        data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
+        log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")
+    elif args.max_docs:
+        raise UsageError("--max-docs does not apply to --synthetic-long; use --max-queries")
 
-        report = ev.evaluate_sts(embedder, pairs, args.poolers, baseline=args.baseline, seed=args.seed,
-                                 info={"dataset": Path(args.sts).name, "split": args.split})
-    else:
-        data = datasets.load_beir(args.data or args.synthetic_long, args.split)
-        embedder = load_embedder(settings)
+    def one(embedder, name: str | None) -> dict:
+        index_dir = str(Path(args.index_dir) / name) if args.index_dir and name else args.index_dir
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
                       candidates=args.candidates, companion=args.companion, k_token=args.k_token,
-                      index_dir=args.index_dir, log=log, latency_queries=args.latency_queries,
+                      index_dir=index_dir, log=log, latency_queries=args.latency_queries,
                       fusion=args.fusion, weight=args.weight,
                       **job_options(args))
         if args.data:
-            data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
-            log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")
-            report = ev.evaluate_retrieval(embedder, data, args.poolers, **common)
-        else:
-            if args.max_docs:
-                raise UsageError("--max-docs does not apply to --synthetic-long; use --max-queries")
-            report = ev.evaluate_synthetic_long(
-                embedder, data, args.poolers, args.distractors,
-                n_queries=args.max_queries if args.max_queries is not None else 100, seed=args.seed,
-                negatives=args.long_negatives, **common)
-    print(ev.format_report(report))
-    ev.write_outputs(report, args.out, args.markdown, args.plot)
-    return 0
+            return ev.evaluate_retrieval(embedder, data, args.poolers, **common)
+        return ev.evaluate_synthetic_long(
+            embedder, data, args.poolers, args.distractors,
+            n_queries=args.max_queries if args.max_queries is not None else 100, seed=args.seed,
+            negatives=args.long_negatives, **common)
+
+    return one
 
 
 def _stress(args: argparse.Namespace, settings, modes: list[str], log) -> int:

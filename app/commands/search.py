@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         embedder = None if args.mode == "bm25" else load_embedder(from_args(args, model=_model_of(coll, args)))
         need = companion_name(coll.spec, args.mode, args.collection, args.vector_mode)
         comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store())) if need else None
-        plan = Search(coll, embedder.dim if embedder else coll.spec.dim, k=args.k, mode=args.mode, candidates=args.candidates,
+        plan = Search(coll, embedder.natural_dim if embedder else coll.spec.dim, k=args.k, mode=args.mode, candidates=args.candidates,
                       k_token=args.k_token, companion=comp, filter=args.filter, vector_mode=args.vector_mode,
                       fusion=args.fusion, weight=args.weight)
         hits = retrieve(embedder, args.query, plan)

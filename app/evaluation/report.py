@@ -15,6 +15,16 @@ from embedpool.app.tables import render_table
 
 
 def _cols(report: dict) -> list[tuple[str, str, Callable[[Any], str]]]:
+    cols = _variant_cols(report)
+    if "baseline_model" in report:  # several models (app/evaluation/models.py)
+        fp = lambda x: "" if x is None else (f"{x:.2g}" if x < 0.001 else f"{x:.3f}")  # noqa: E731
+        at = next(i for i, (k, _, _) in enumerate(cols) if k == "p_value") + 1
+        cols = [("model", "model", str), *cols[:at], ("p_model", "p (vs " + report["baseline_model"] + ")", fp),
+                *cols[at:]]
+    return cols
+
+
+def _variant_cols(report: dict) -> list[tuple[str, str, Callable[[Any], str]]]:
     f3 = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
     fp = lambda x: "" if x is None else (f"{x:.2g}" if x < 0.001 else f"{x:.3f}")  # noqa: E731
     fb = lambda x: "" if x is None else f"{x:,.0f}"  # noqa: E731

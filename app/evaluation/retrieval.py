@@ -155,7 +155,7 @@ def _check(poolers: list[str], modes) -> list[str]:
     return modes
 
 
-def _searches(job: IndexJob, variants: list[Variant], model_dim: int, candidates: int,
+def _searches(job: IndexJob, variants: list[Variant], model_dim, candidates: int,
               k_token: int, fusion: str = "rrf", weight: float = 0.5) -> dict[str, Search]:
     def search(v: Variant) -> Search:
         vmode = v.mode if v.multi else "exhaustive"
@@ -208,7 +208,7 @@ def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: Query
                 candidates: int, k_token: int, latency_queries: int, log, fusion: str = "rrf",
                 weight: float = 0.5) -> tuple[dict, dict, dict]:
     """Embed the queries (what is missing) and search every variant: ``(runs, rows, timings)``."""
-    searches = _searches(job, variants, embedder.dim, candidates, k_token, fusion, weight)
+    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token, fusion, weight)
     t_q = time.perf_counter()
     queries.ensure(embedder, [e for s in searches.values() for e in s.embeddings()])
     timings = {"queries_s": time.perf_counter() - t_q}

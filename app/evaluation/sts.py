@@ -61,7 +61,7 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
         rows.append({"pooler": labels[s], "mode": None, "label": labels[s], "kind": "multi" if multi else "single",
                      "spearman": float(spearmanr(gold, preds[s]).statistic),
                      "pearson": float(pearsonr(gold, preds[s]).statistic),
-                     "bytes_per_doc": 4.0 * embedder.dim * n_vec / len(sentences),
+                     "bytes_per_doc": 4.0 * embedder.output_dim(s) * n_vec / len(sentences),
                      "vectors_per_doc": n_vec / len(sentences), "encode_s": round(emb.seconds[s], 3)})
     bc = _baseline_spec(embedder, specs, baseline)
     for s, r in zip(specs, rows):
@@ -69,4 +69,6 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
     return {"task": "sts", **(info or {}), "model": embedder.model_id,
             "encoder_precision": getattr(embedder.encoder, "precision", None),
             "pairs": len(pairs), "sentences": len(sentences), "baseline": labels[bc],
-            "stat_test": "paired bootstrap (2000 resamples) of the Spearman difference", "results": rows}
+            "stat_test": "paired bootstrap (2000 resamples) of the Spearman difference", "results": rows,
+            # what a comparison across models pairs (app/evaluation/models.py)
+            "gold": gold.tolist(), "per_pair": {labels[s]: preds[s].tolist() for s in specs}}

@@ -22,9 +22,15 @@ primary key ``<doc id>#0``, up to 128 documents a query) and reranks them by exa
 (:func:`index.maxsim.maxsim_scores`) on the stored codes, as FAISS does, so rankings equal the
 FAISS backend's for the same spec. ``exhaustive`` reads every document row (small collections).
 A multi-vector collection of layout 1 (one row per token vector, embedpool before issue 13) is
-refused on open with a message that says how to rebuild it. Milvus' own array-of-struct
-``MAX_SIM`` (servers >= 2.6.4) is not used: Milvus Lite 3.2 has no such fields
-(``bench/index.py --backend milvus`` probes it).
+refused on open with a message that says how to rebuild it.
+
+Versions: the server's version is read at every connect (:mod:`.versions`: Milvus 2.3 through
+2.6 and Milvus Lite; older is refused). What differs -- nullable fields (2.5), INVERTED scalar
+indexes (2.4; Trie before), grouping search (2.4), HNSW_SQ (2.6) -- is used where the server has
+it and replaced or refused with a message where it does not. Milvus' own array-of-struct
+``MAX_SIM`` (servers >= 2.6.4) is not used on any version (the packed layout and embedpool's
+exact MaxSim rank as FAISS does; neither a 2.6 server nor Milvus Lite 3.2 runs here to test a
+second layout). Creation is all-or-nothing (:mod:`.creation`).
 
 The manifest is the collection property ``embedpool.manifest`` and travels with the collection;
 opening with a different spec is refused exactly as for FAISS folders. Other properties

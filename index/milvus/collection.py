@@ -154,7 +154,8 @@ class MilvusCollection(CollectionBase):
         has_companion = self.spec.companion_pooler is not None
         self._cname = companion_name(self._mname) if has_companion else None  # the companion rows
         self._companion_base = milvus_index(self.spec.companion_factory)[2] if has_companion else {}
-        self._group_by = True  # companion candidates by a grouping search, until Milvus refuses one
+        # companion candidates by a grouping search where Milvus has one (2.4+), until it refuses one
+        self._group_by = conn.features.group_by
         # multi: the per-document row counts a document's row 0 keeps -> the Milvus collection
         # of those rows (None: the document rows themselves)
         self._row_counts = dict(zip(doc_counts(self.spec), [None, *self._row_colls])) if self._multi else {}

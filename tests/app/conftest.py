@@ -320,3 +320,13 @@ def loopback_only(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     yield attempts
     assert not attempts, f"something tried to reach the network: {attempts}"
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, start_server, milvus_server):
+    """Two API servers on the session's real Milvus server (each its own data directory, as on
+    two machines)."""
+    env = {"EMBEDPOOL_BACKEND": "milvus", "EMBEDPOOL_MILVUS_URI": milvus_server.uri, "EMBEDPOOL_PRECISION": "fp32"}
+    a = start_server(tmp_path_factory.mktemp("replica-a"), env)
+    b = start_server(tmp_path_factory.mktemp("replica-b"), env)
+    return a.wait_ready(), b.wait_ready()

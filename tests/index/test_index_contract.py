@@ -1,5 +1,5 @@
-"""The storage contract, run over every backend: a FAISS folder and Milvus Lite (the real engine
-in a temp .db; no mocks). Each test states one rule of :class:`embedpool.index.CollectionBase`
+"""The storage contract, run over every backend: a FAISS folder, Milvus Lite (the real engine
+in a temp .db; no mocks) and, in ``make test-slow``, a real Milvus 2.3 server (``milvus-server``). Each test states one rule of :class:`embedpool.index.CollectionBase`
 and checks that both backends keep it the same way -- the same answers, the same errors, the
 same ``stats()`` keys -- so ``app/`` never needs to know which one it holds.
 
@@ -56,15 +56,18 @@ def milvus_uri(tmp_path_factory):
     ClientPool.release(anchor)
 
 
-@pytest.fixture(params=["faiss", "milvus"])
+@pytest.fixture(params=["faiss", "milvus", pytest.param("milvus-server", marks=pytest.mark.slow)])
 def where(request, tmp_path):
     """``open_collection`` keyword arguments of one backend (a fresh FAISS folder per test; Milvus
-    collections are dropped after it). Only the Milvus cases need Milvus Lite."""
-    kw = {"backend": request.param}
+    collections are dropped after it). Only the Milvus cases need Milvus Lite; the server's need
+    the real server (slow)."""
+    kw = {"backend": request.param.split("-")[0]}
     if request.param == "milvus":
         kw["milvus_uri"] = request.getfixturevalue("milvus_uri")
+    elif request.param == "milvus-server":
+        kw["milvus_uri"] = request.getfixturevalue("milvus_server").uri
     yield {"data_dir": tmp_path / "data", **kw}
-    if request.param == "milvus":
+    if kw["backend"] == "milvus":
         for name in list_collections(**kw, data_dir=tmp_path):
             delete_collection(tmp_path, name, **kw)
 

@@ -256,3 +256,46 @@ def test_a_failed_faiss_creation_leaves_nothing(tmp_path, monkeypatch):
     with open_collection(data, "f", SINGLE) as coll:
         assert len(coll) == 0
     assert list_collections(data) == ["f"]
+
+
+# ------------------------------------------------------------------ the real 2.3 server (slow)
+def _drop_all(uri):
+    from embedpool.index import delete_collection
+
+    for name in list_collections("unused", backend="milvus", milvus_uri=uri):
+        delete_collection("unused", name, backend="milvus", milvus_uri=uri)
+
+
+@pytest.mark.slow
+def test_the_2_3_server_stores_missing_values_and_indexes_doc_id_with_trie(milvus_server):
+    f = features_of(milvus_server.version())
+    assert f.version[:2] == (2, 3) and not f.nullable and f.scalar_index == "Trie"
+    try:
+        for kind, fields in _roundtrip(milvus_server.uri).items():
+            assert NULLS in fields, kind
+        conn = ClientPool.acquire(milvus_server.uri, None)
+        try:
+            index = conn.client().describe_index(milvus_name("nulls-multi"), "doc_id")
+        finally:
+            ClientPool.release(conn)
+        assert index["index_type"].lower() == "trie", index
+    finally:
+        _drop_all(milvus_server.uri)
+
+
+@pytest.mark.slow
+def test_the_issue_failure_on_the_2_3_server_leaves_nothing(milvus_server, monkeypatch):
+    """INVERTED asked of 2.3 (injected: what embedpool did before it read versions) fails the
+    creation with the server's own message, and nothing is left; without the injection the
+    same collection is made."""
+    uri = milvus_server.uri
+    _inject(monkeypatch, inverted_index=True)
+    with pytest.raises(BackendError, match="index type not match"):
+        open_collection("unused", "issue", COMPANION, backend="milvus", milvus_uri=uri)
+    assert not [n for n in _raw_names(uri) if n.startswith(milvus_name("issue"))]
+    monkeypatch.undo()
+    try:
+        with open_collection("unused", "issue", COMPANION, backend="milvus", milvus_uri=uri) as coll:
+            assert len(coll) == 0 and coll.stats()["companion_rows"] == 0
+    finally:
+        _drop_all(uri)

@@ -29,6 +29,7 @@ NON_DEFAULT = {
     "layermean": {"layers": "all", "include_special": False},
     "maxpoolbert": {"layers": "last2"},
     "multilayer": {"queries": 2},
+    "pooling": {"mode": "max+mean"},
     "glot": {},  # weights= only: trained heads round-trip in tests/poolers/test_research_poolers.py
     "attnstats": {},
     "reinpool": {},
@@ -163,7 +164,7 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
              ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2}),
-             ("glot", {}), ("attnstats", {}), ("reinpool", {})]
+             ("glot", {}), ("attnstats", {}), ("reinpool", {}), ("pooling", {"mode": "mean+lasttoken"})]
     assert {n for n, _ in cases} == set(REGISTRY) - {"splade"}  # splade refuses this model: test_splade.py
     for name, opts in cases:
         p = REGISTRY[name](**opts)

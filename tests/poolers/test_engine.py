@@ -207,7 +207,7 @@ def test_normalize_flag(embedder):
 
 # ---------------------------------------------------------------- bad input
 def test_unknown_pooler_names_choices(embedder):
-    with pytest.raises(PoolerSpecError, match="choose one of: auto, attention, cls, cluster"):
+    with pytest.raises(PoolerSpecError, match="choose one of: auto, attention, attnstats, cls, cluster"):
         embedder.embed(["x"], ["nope"])
     with pytest.raises(PoolerSpecError, match="valid options: pool_factor, protected"):
         embedder.embed(["x"], ["cluster:factor=2"])

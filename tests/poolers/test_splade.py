@@ -39,6 +39,13 @@ def test_splade_equals_sentence_transformers_sparse_encoder(splade_model, splade
         np.testing.assert_allclose(splade_embedder.embed([text], ["splade"]).matrix("splade")[0], got[i], atol=1e-5)
 
 
+def test_auto_on_a_sparse_encoder_folder_is_splade(splade_model, splade_embedder):
+    """The model's own pooling (`auto`, the server's default) of a SparseEncoder folder is splade."""
+    assert splade_embedder.canonical("auto") == "splade"
+    want = splade_model[1].encode(TEXTS[:2], convert_to_tensor=True).to_dense().numpy()
+    np.testing.assert_allclose(splade_embedder.embed(TEXTS[:2]).matrix("auto"), want, atol=1e-5, rtol=1e-5)
+
+
 def test_top_k_and_threshold(splade_embedder):
     full = splade_embedder.embed(TEXTS, ["splade"]).matrix("splade")
     top = splade_embedder.embed(TEXTS, ["splade:top_k=3"]).matrix("splade:top_k=3")

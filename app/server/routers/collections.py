@@ -164,7 +164,7 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     texts = [d.text for d in docs]
     check_inputs(texts, engine.settings, "documents")
     coll = await _open(collections, engine, name)
-    own, comp = retrieval.document_embeddings(coll.spec, engine.embedder.dim)
+    own, comp = retrieval.document_embeddings(coll.spec, engine.embedder.natural_dim)
     wanted = [own] + ([comp] if comp else [])
     for e in wanted:
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
@@ -226,7 +226,7 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     coll = await _open(collections, engine, name)
     need = retrieval.companion_name(coll.spec, body.mode, name, body.vector_mode)
     comp = await _open(collections, engine, need) if need else None
-    search = retrieval.Search(coll, engine.embedder.dim, k=body.k, mode=body.mode, candidates=body.candidates,
+    search = retrieval.Search(coll, engine.embedder.natural_dim, k=body.k, mode=body.mode, candidates=body.candidates,
                               k_token=body.k_token, companion=comp, filter=body.filter, vector_mode=body.vector_mode,
                               fusion=body.fusion, weight=body.weight)
     for e in search.embeddings():
