@@ -281,7 +281,9 @@ def _sql(n: Node, params: list[Any], among: str | None = None) -> str:
         if among is None:
             return q
         params.append(among)
-        return q + " AND int_id IN (SELECT value FROM json_each(?))"
+        # "+key": SQLite must not drive the query from the value index (every document's value
+        # of the key) but from the ids' index -- the cost then follows the ids
+        return q.replace("WHERE key = ?", "WHERE +key = ?") + " AND int_id IN (SELECT value FROM json_each(?))"
 
     def docs() -> str:
         return only("SELECT int_id FROM docs WHERE 1")
