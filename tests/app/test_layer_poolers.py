@@ -31,7 +31,10 @@ def test_http_embed_and_a_collection_with_layer_poolers(client, embedder):
 
     info = {p["name"]: p for p in client.get("/info").json()["poolers"]}
     assert {n for n, p in info.items() if p["all_layers"]} == {"layermean", "maxpoolbert", "multilayer"}
-    assert {n for n, p in info.items() if p["learned"]} == {"attention", "multilayer"}
+    learned = {n for n, p in info.items() if p["learned"]}
+    # of the layer poolers only multilayer has trained weights (the other learned poolers are not
+    # this file's business)
+    assert "multilayer" in learned and not learned & {"layermean", "maxpoolbert"}
 
     assert client.post("/collections", json={"name": "layers", "pooler": "layermean"}).status_code == 201
     docs = [{"id": "cat", "text": "The cat sat on the mat and purred."},
