@@ -28,7 +28,8 @@ import numpy as np
 from .durable import fsync_dir, fsync_path, write_durable
 from .errors import CorruptCollectionError, TrainingError
 from .companion import CompanionRows, row_ids
-from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
+from .int8scan import doc_norms, maxsim_topk
+from .maxsim import bytes_per_vector, dequantize, gather_docs, quantize
 from .single import id_selector, min_training_vectors
 from .spec import CollectionSpec, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
@@ -142,6 +143,7 @@ class Segment:
     _g_ids: _Grow | None = field(default=None, repr=False)
     _g_live: _Grow | None = field(default=None, repr=False)
     _g_comp: _Grow | None = field(default=None, repr=False)
+    _norms: np.ndarray | None = field(default=None, repr=False)  # doc_norms(), once computed
 
     @property
     def n_docs(self) -> int:
@@ -266,6 +268,18 @@ class Segment:
         live[known] = alive[doc_ids[known]]
         return cls(seg_id, codes, scales, offsets, doc_ids, live, comp)
 
+    def doc_norms(self) -> np.ndarray | None:
+        """Each document's largest token norm (:func:`index.int8scan.doc_norms`; int8 codes only),
+        computed on first use (one pass over the codes, whose pages are then dropped from this
+        process) and kept: 8 bytes per document."""
+        if self.scales is None:
+            return None
+        if self._norms is None or len(self._norms) != self.n_docs:
+            self._norms = doc_norms(self.codes, self.offsets, self.scales)
+            if self.committed:
+                _drop_pages(self.codes)
+        return self._norms
+
     def dequantized(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 tokens of the documents ``rows`` and their per-token document ids."""
         codes, offs, scales = gather_docs(self.codes, self.offsets, self.scales, rows)
@@ -300,6 +314,17 @@ def _row_blocks(docs: Sequence[np.ndarray], rows: int):
             n += len(piece)
     if buf:
         yield buf[0] if len(buf) == 1 else np.concatenate(buf)
+
+
+def _merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of concatenated ``(scores, ids)`` parts, ties by position in the
+    concatenation (as :func:`index.validate.topk`)."""
+    if not parts:
+        return np.zeros(0, np.float32), np.zeros(0, np.int64)
+    sc = np.concatenate([p[0] for p in parts])
+    ids = np.concatenate([p[1] for p in parts])
+    o = np.argsort(-sc, kind="stable")[:k]
+    return sc[o], ids[o]
 
 
 class MultiStore(VectorStore):
@@ -621,32 +646,36 @@ class MultiStore(VectorStore):
         comp = 0 if self.companion is None else self.companion.n_docs * 4 * self.spec.companion_dim
         return (self.live_vectors() * per_tok + 16 * len(self.loc) + comp) / len(self.loc)
 
-    def exhaustive(self, queries: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """MaxSim of every query against every live document: (scores [q, n], int ids [n])."""
-        scores, ids = [], []
+    def exhaustive_topk(self, queries: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query the exact MaxSim top ``k`` of the live documents: ``(scores, int ids)``, ties
+        by segment, then row; by
+        :func:`index.int8scan.maxsim_topk` per segment (the int8 scan where the CPU has int8
+        units), merged."""
+        parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in queries]
         for seg in self.segments:
             if not seg.n_docs or not seg.live.any():
                 continue
-            s = maxsim_scores(queries, seg.codes, seg.offsets, seg.scales)
-            scores.append(s[:, seg.live])
-            ids.append(seg.doc_ids[seg.live])
-        if not scores:
-            return np.zeros((len(queries), 0), np.float32), np.zeros(0, np.int64)
-        return np.concatenate(scores, axis=1), np.concatenate(ids)
+            res = maxsim_topk(queries, seg.codes, seg.offsets, seg.scales, k, live=seg.live,
+                              norms=seg.doc_norms() if seg.committed else None)
+            for qi, (sc, pos) in enumerate(res):
+                o = np.argsort(pos, kind="stable")  # by row: ties merge as in the full list
+                parts[qi].append((sc[o], seg.doc_ids[pos[o]]))
+        return [_merge_topk(p, k) for p in parts]
 
-    def rerank(self, query: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact MaxSim of one query against candidate int ids (unknown/dead ones dropped)."""
+    def rerank_topk(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exact MaxSim top ``k`` of candidate int ids (unknown/dead ones dropped), ties by
+        segment, then id; large candidate sets take the int8 scan."""
         ids, pos, rows = self.loc.find(np.unique(np.asarray(cand, dtype=np.int64)))
-        if not len(ids):
-            return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        scores, out = [], []
+        parts = []
         for p in np.unique(pos).tolist():
             sel = pos == p
             seg = self.segments[p]
-            scores.append(maxsim_scores([query], seg.codes, seg.offsets, seg.scales,
-                                        doc_idx=rows[sel].astype(np.int64))[0])
-            out.append(ids[sel])
-        return np.concatenate(scores), np.concatenate(out)
+            idx = rows[sel].astype(np.int64)
+            (sc, at), = maxsim_topk([query], seg.codes, seg.offsets, seg.scales, k, doc_idx=idx,
+                                    norms=seg._norms if seg.committed else None)
+            o = np.argsort(at, kind="stable")
+            parts.append((sc[o], ids[sel][at[o]]))
+        return _merge_topk(parts, k)
 
     def token_candidates(self, queries: Sequence[np.ndarray], k_token: int,
                          ids: np.ndarray | None = None) -> list[np.ndarray]:
