@@ -178,7 +178,7 @@ class FaissCollection(CollectionBase):
                 gen = self._db.get_meta("generation", 0)
                 next_int = self._db.get_meta("next_int_id", 0)
                 state = self._state()
-                live = self._db.all_int_ids()
+                live = self._live_ids(state)
             needed = self._store_cls.required_files(state)
             try:
                 missing = [f for f in needed if not (self.folder / f).is_file()]
@@ -201,6 +201,15 @@ class FaissCollection(CollectionBase):
         self._vec = vec
         self._gen = int(gen)
         self._next_int_id = int(next_int)
+
+    def _live_ids(self, state: StoreState) -> np.ndarray | None:
+        """The live internal ids, or ``None`` when the document store's count equals the documents
+        the segments hold (no tombstones: every one of them is live) -- a multi-vector
+        collection then opens without reading a million ids out of SQLite one row at a time."""
+        if state.segments and self._store_cls.accepts_all_live and \
+                self._db.count() == sum(int(n) for _, n, _ in state.segments):
+            return None
+        return self._db.all_int_ids()
 
     def refresh(self) -> bool:
         """Reload if another writer committed since this object loaded the collection.

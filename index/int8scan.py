@@ -276,9 +276,8 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
     n_tokens = int(offsets[-1]) if doc_idx is None else \
         int((offsets[np.asarray(doc_idx) + 1] - offsets[np.asarray(doc_idx)]).sum())
     precision = np.dtype(vectors.dtype).name
-    path = kernels.resolve_scan(scan, precision)
-    if path == "int8" and scan == "auto" and n_tokens < MIN_SCAN_TOKENS:
-        path = "exact"
+    # a small set is scored exactly without asking for the scan (nor importing torch for it)
+    path = "exact" if scan == "auto" and n_tokens < MIN_SCAN_TOKENS else kernels.resolve_scan(scan, precision)
     live_pos = None if live is None else np.flatnonzero(np.asarray(live, bool))
     if stats is not None:
         stats["scan"] = path
