@@ -17,8 +17,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from embedpool.app.server.errors import PayloadTooLarge, render
+from embedpool.app.server.errors import render
 from embedpool.app.settings import Settings
+from embedpool.errors import TooLargeError
 
 
 class BodyLimitMiddleware:
@@ -26,9 +27,9 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = int(max_bytes)
 
-    def _error(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body is over the limit of {self.max_bytes} bytes "
-                               "(max_payload_bytes); send fewer or shorter inputs per request")
+    def _error(self) -> TooLargeError:
+        return TooLargeError(f"request body is over the limit of {self.max_bytes} bytes "
+                             "(max_payload_bytes); send fewer or shorter inputs per request")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -61,12 +62,12 @@ class BodyLimitMiddleware:
 def check_inputs(texts: Sequence[str], settings: Settings, field: str = "inputs") -> None:
     """413 for too many inputs or an input that is too long."""
     if len(texts) > settings.max_client_batch:
-        raise PayloadTooLarge(
+        raise TooLargeError(
             f"{field}: {len(texts)} inputs, over the limit of {settings.max_client_batch} per request "
             "(max_client_batch); split them over several requests", param=field)
     for i, t in enumerate(texts):
         if len(t) > settings.max_input_chars:
-            raise PayloadTooLarge(
+            raise TooLargeError(
                 f"{field}[{i}]: {len(t)} characters, over the limit of {settings.max_input_chars} "
                 "(max_input_chars); shorten or split it", param=field)
 
@@ -77,7 +78,7 @@ _TOKENIZE_OPTIONS = ("role", "truncate", "prompt_name", "truncation_direction")
 
 def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]],
                    settings: Settings, *, field: str = "inputs") -> list[Any]:
-    """Raise :class:`PayloadTooLarge` (kind ``too_large``: 413) if one request's embeddings --
+    """Raise :class:`TooLargeError` (kind ``too_large``: 413) if one request's embeddings --
     ``parts``, ``(texts, specs, options)`` as :meth:`Engine.embed_many` takes them -- would
     run more than ``max_request_tokens`` tokens through the encoder (after windowing: all
     windows of all plans) or return more than ``max_request_vectors`` vectors, all parts
@@ -96,7 +97,7 @@ def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[
                  "of every pooler's tokenization plan)")
     vectors = sum(w.vectors for w in works)
     if vectors > settings.max_request_vectors:
-        raise PayloadTooLarge(
+        raise TooLargeError(
             f"{field}: this request would return {vectors} vectors, over the limit of "
             f"{settings.max_request_vectors} per request (max_request_vectors); send fewer or "
             "shorter inputs per request, or use a pooler with fewer vectors (e.g. a larger "
@@ -107,7 +108,7 @@ def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[
 def check_tokens(tokens: int, settings: Settings, field: str = "inputs", what: str = "") -> None:
     """413 if a request needs more than ``max_request_tokens`` tokens (``what``: where they go)."""
     if tokens > settings.max_request_tokens:
-        raise PayloadTooLarge(
+        raise TooLargeError(
             f"{field}: this request needs {tokens} tokens{' ' + what if what else ''}, over the limit "
             f"of {settings.max_request_tokens} per request (max_request_tokens); send fewer or "
             "shorter inputs per request", param=field)

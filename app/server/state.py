@@ -18,11 +18,10 @@ from starlette.concurrency import run_in_threadpool
 from embedpool import index
 from embedpool.app.batcher import Batcher, EmbedOutput, Job
 from embedpool.app.server.cache import VectorCache
-from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
 from embedpool.app.server.limits import check_workload
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
-from embedpool.errors import InvalidError, NotFoundError
+from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
 from embedpool.index import CollectionBase
 
 if TYPE_CHECKING:
@@ -104,9 +103,9 @@ class Engine:
         """The embedder, or 503 while it loads."""
         if self.batcher is None:
             if self.error:
-                raise NotReady(f"the model failed to load: {self.error}")
-            raise NotReady("the model is still loading; retry shortly (GET /health turns 200 when ready)",
-                           headers={"Retry-After": "5"})
+                raise UnavailableError(f"the model failed to load: {self.error}")
+            raise UnavailableError("the model is still loading; retry shortly (GET /health turns 200 when ready)",
+                                   retry_after=5)
         return self.embedder
 
     # ------------------------------------------------------------------ poolers
@@ -128,7 +127,7 @@ class Engine:
                 self._check_options(name, opts)
             p = embedder.pooler(spec)
         except (InvalidError, NotFoundError, OSError) as exc:  # a weights path: missing, unreadable
-            raise Invalid(f"{field}: {exc}", param=field) from None
+            raise InvalidError(f"{field}: {exc}", param=field) from None
         return p.spec, bool(p.multi_vector)
 
     def _check_options(self, name: str, opts: dict[str, str]) -> None:
@@ -153,7 +152,7 @@ class Engine:
         try:
             self.require().check_dimensions(dimensions)
         except InvalidError as exc:
-            raise Invalid(f"{field}: {exc}", param=field) from None
+            raise InvalidError(f"{field}: {exc}", param=field) from None
 
     def check_prompt(self, prompt_name: str | None, field: str = "prompt_name") -> None:
         """422 unless the model has a prompt of that name (``None``: nothing to check)."""
@@ -162,7 +161,7 @@ class Engine:
         try:
             self.require().encoder.prompt_for(None, prompt_name)
         except ValueError as exc:
-            raise Invalid(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
+            raise InvalidError(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
 
     # ------------------------------------------------------------------ embedding
     async def embed(self, request: Request | None, texts: list[str], specs: list[str], *,
@@ -215,7 +214,7 @@ class Engine:
             return list(gathered.result())
         self._cancel(jobs)
         gathered.cancel()
-        raise ClientClosed("the client closed the connection; its work was dropped")
+        raise InvalidError("the client closed the connection; its work was dropped", code="client_closed")
 
     def _cancel(self, jobs: list[Job]) -> None:
         assert self.batcher is not None
@@ -278,9 +277,9 @@ class Collections:
             try:
                 coll.refresh()  # committed by another process
                 return coll
-            except index.CollectionLockedError:
+            except ConflictError:
                 return coll  # our own write is in progress; it refreshes after
-            except index.CollectionNotFoundError:  # deleted by another process
+            except NotFoundError:  # deleted by another process
                 with self._lock:
                     if self._open.get(name) is coll:
                         del self._open[name]
@@ -328,7 +327,7 @@ class Collections:
                 write()
                 coll.commit()
                 break
-            except index.CollectionLockedError:
+            except ConflictError:
                 if attempt or not coll.refresh():
                     raise
 

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from embedpool.app.batcher import Batcher, Overloaded
+from embedpool.app.batcher import Batcher
+from embedpool.errors import OverloadedError
 
 
 class FakeResult:
@@ -117,7 +118,7 @@ def test_full_queue_raises_overloaded_but_empty_queue_admits_big_request():
     try:
         first = b.submit(["a"] * 8, ["mean"])  # over max_queue, but the queue was empty
         time.sleep(0.05)  # the worker takes one slice and blocks on the gate
-        with pytest.raises(Overloaded) as exc:
+        with pytest.raises(OverloadedError) as exc:
             b.submit(["b"] * 3, ["mean"])
         assert exc.value.retry_after >= 1
         gate.set()

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from embedpool.errors import InvalidError
 from embedpool.index.maxsim import dequantize, gather_docs, maxsim_scores, quantize
 from index_testutil import naive_maxsim, rand_docs, rand_unit, unit
 
@@ -106,7 +107,6 @@ def test_int8_maxsim_equals_naive_on_dequantized(rng, n_query_tokens):
 # larger than a chunk, and chunks on worker threads.
 
 from embedpool.index import kernels  # noqa: E402
-from embedpool.index.errors import InvalidInputError  # noqa: E402
 
 HAVE_ORT = __import__("importlib").util.find_spec("onnxruntime") is not None
 FLOAT_KERNELS = ["numpy"] + (["mlas-f32"] if HAVE_ORT else [])
@@ -271,8 +271,8 @@ def test_read_flags(tmp_path):
 
 def test_unknown_or_mismatched_kernel_is_refused(rng):
     vecs, offs = _pack(rand_docs(rng, 3, 8))
-    with pytest.raises(InvalidInputError, match="unknown MaxSim kernel"):
+    with pytest.raises(InvalidError, match="unknown MaxSim kernel"):
         maxsim_scores([vecs[:2]], vecs, offs, kernel="fast")
     if HAVE_ORT:
-        with pytest.raises(InvalidInputError, match="scores int8 codes"):
+        with pytest.raises(InvalidError, match="scores int8 codes"):
             maxsim_scores([vecs[:2]], vecs.astype(np.float16), offs, kernel="mlas-int8")

@@ -7,12 +7,12 @@ from fastapi import APIRouter, Depends, Request
 from embedpool.app.batcher import EmbedOutput
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.output import encode_vectors, output_ranges, sparse_vectors
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
 from embedpool.app.server.state import Engine
+from embedpool.errors import InvalidError
 
 router = APIRouter(tags=["embeddings"], dependencies=[Depends(require_api_key)])
 
@@ -78,11 +78,11 @@ async def embed_with(engine: Engine, request: Request, texts: list[str], pooler:
     check_inputs(texts, engine.settings, field)
     spec, is_multi = engine.pooler(pooler)
     if is_multi and not multi:
-        raise Invalid(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
-                      f"cannot carry; {alternative}", param="pooler")
+        raise InvalidError(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
+                           f"cannot carry; {alternative}", param="pooler")
     if multi and not is_multi:
-        raise Invalid(f"pooler: {spec!r} gives one vector per input, and this route answers a list of vectors "
-                      f"per input: send a multi-vector pooler (tokens, cluster), or {alternative}", param="pooler")
+        raise InvalidError(f"pooler: {spec!r} gives one vector per input, and this route answers a list of vectors "
+                           f"per input: send a multi-vector pooler (tokens, cluster), or {alternative}", param="pooler")
     engine.check_dimensions(dimensions)
     engine.check_prompt(prompt_name)
     out = await engine.embed(request, texts, [spec], role=role, normalize=normalize, dimensions=dimensions,

@@ -20,12 +20,12 @@ from starlette.concurrency import run_in_threadpool
 from embedpool import index
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.routers.openai import ERROR as OPENAI_ERROR
 from embedpool.app.server.schemas import CohereRerankRequest, CohereRerankResponse, Rank, RerankRequest
 from embedpool.app.server.state import Engine
+from embedpool.errors import InvalidError
 
 router = APIRouter(tags=["rerank"], dependencies=[Depends(require_api_key)])
 
@@ -134,9 +134,9 @@ def _check_lengths(engine: Engine, query: str, texts: list[str], field: str) -> 
     lengths = encoder.lengths([query], role="query") + encoder.lengths(texts, role="document")
     for name, n in zip(fields, lengths):
         if n > limit:
-            raise Invalid(f"{name}: {n} tokens, over the model's window of {limit} tokens; shorten it, or send "
-                          "truncate=true to cut it (truncation_direction picks the end)",
-                          param=name.split("[")[0])
+            raise InvalidError(f"{name}: {n} tokens, over the model's window of {limit} tokens; shorten it, or send "
+                               "truncate=true to cut it (truncation_direction picks the end)",
+                               param=name.split("[")[0])
 
 
 def _scores(query: np.ndarray, docs: list[np.ndarray], multi: bool, raw: bool) -> np.ndarray:
