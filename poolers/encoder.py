@@ -31,6 +31,17 @@ from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
+
+class InputTooLongError(InvalidError):
+    """An input over the model's window with ``truncate=False``: which one (``index``, in the
+    call's texts), its ``tokens`` and the ``window``, so that a caller can name the request
+    field it came from without tokenizing it again."""
+
+    def __init__(self, index: int, tokens: int, window: int) -> None:
+        super().__init__(f"input {index} has {tokens} tokens, over the model's limit of {window}; "
+                         "shorten it or set truncate=true")
+        self.index, self.tokens, self.window = index, tokens, window
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -401,10 +412,7 @@ class FrozenEncoder:
                 ids, special = ids[:head] + ids[tail:], special[:head] + special[tail:]
                 span = (n_content - keep, n_content)
             if len(ids) > window:
-                raise InvalidError(
-                    f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
-                    "shorten it or set truncate=true"
-                )
+                raise InputTooLongError(i, len(ids), window)
             expansion = None
             if expand is not None and expansion_id is not None and len(ids) < expand["length"]:
                 # ColBERT query expansion: pad to the query width with [MASK] (PyLate's)

@@ -21,7 +21,7 @@ from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs, check_tokens
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import SimpleToken, TokenizeRequest, TokenizeWindows
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engine
 
 router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
 
