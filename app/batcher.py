@@ -18,7 +18,7 @@ that are about to send again): a lone client's request starts at once, and a rou
 closed-loop clients starts as soon as the eighth has arrived.
 
 The event loop only enqueues and awaits (:meth:`Batcher.embed`), so it keeps answering while the
-worker encodes. A full queue raises :class:`Overloaded` (HTTP 429). A cancelled request (client
+worker encodes. A full queue raises :class:`~embedpool.errors.OverloadedError` (HTTP 429). A cancelled request (client
 gone) is skipped if the worker has not reached it yet, and its remaining slices are dropped.
 An input's vector does not depend on what it was batched with (up to float rounding of a
 differently padded batch): per-text pooling only ever reads that text's tokens.
@@ -45,20 +45,6 @@ if TYPE_CHECKING:
     from embedpool.poolers import Embedder
 
 log = logging.getLogger("embedpool.batcher")
-
-
-class Overloaded(OverloadedError):
-    """The queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message, retry_after=retry_after)
-
-
-class Stopped(UnavailableError):
-    """The batcher was stopped (server shutting down)."""
-
-    def __init__(self, message: str = "the server is shutting down") -> None:
-        super().__init__(message, retry_after=5)
 
 
 class BatchObserver(Protocol):  # what the server's metrics implement
@@ -125,7 +111,7 @@ class Batcher:
 
     Args:
         embedder: a loaded :class:`poolers.Embedder` (used from the worker thread only).
-        max_queue: inputs that may wait before :meth:`submit` raises :class:`Overloaded`
+        max_queue: inputs that may wait before :meth:`submit` raises :class:`~embedpool.errors.OverloadedError`
             (a request arriving at an empty queue is always admitted).
         max_batch_tokens: estimated tokens the worker takes per round.
         max_wait_ms: the longest the worker waits for more requests before starting a round
@@ -166,7 +152,7 @@ class Batcher:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Fail waiting requests with :class:`Stopped` and end the worker after its round."""
+        """Fail waiting requests with an :class:`~embedpool.errors.UnavailableError` and end the worker after its round."""
         with self._cond:
             self._stopping = True
             pending = list(self._pending)
@@ -175,7 +161,7 @@ class Batcher:
             self._cond.notify_all()
         for job in pending:
             if not job.future.done():
-                job.future.set_exception(Stopped("the server is shutting down"))
+                job.future.set_exception(UnavailableError("the server is shutting down", retry_after=5))
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -212,13 +198,13 @@ class Batcher:
         n = sum(len(job.texts) for job in live)
         with self._cond:
             if self._stopping:
-                raise Stopped("the server is shutting down")
+                raise UnavailableError("the server is shutting down", retry_after=5)
             if self._queued_inputs and self._queued_inputs + n > self.max_queue:
                 if self.observer:
                     self.observer.on_rejected()
-                raise Overloaded(
+                raise OverloadedError(
                     f"the queue is full ({self._queued_inputs} inputs waiting, limit "
-                    f"{self.max_queue}); retry later", self._retry_after())
+                    f"{self.max_queue}); retry later", retry_after=self._retry_after())
             for job in live:
                 self._pending.append(job)
                 self._queued_tokens += sum(job.cost_tokens)

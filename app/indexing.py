@@ -47,9 +47,8 @@ from embedpool.app.datasets import Record
 from embedpool.app.encoding import embed_by_plan
 from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
-from embedpool.errors import InvalidError
-from embedpool.index import (CollectionError, CollectionNotFoundError, CollectionSpec, bytes_per_vector,
-                             canonical_analyzer, open_collection)
+from embedpool.errors import InvalidError, NotFoundError
+from embedpool.index import CollectionSpec, bytes_per_vector, canonical_analyzer, open_collection
 from embedpool.poolers import EmbedOptions, Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
@@ -64,10 +63,6 @@ COMMIT_BYTES = 256 << 20
 DOCUMENT = EmbedOptions(role="document")
 MEASURE_RECORDS = 64
 MEASURE_CHARS = 1 << 20
-
-
-class IndexJobError(InvalidError):
-    """A user-facing error of the indexing job (bad corpus, changed settings, ...)."""
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -186,11 +181,11 @@ class IndexJob:
                  store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None,
                  backend: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
         if not poolers:
-            raise IndexJobError("give at least one --pooler")
+            raise InvalidError("give at least one --pooler", param="--pooler")
         for flag, value in (("--commit-every", commit_every), ("--commit-bytes", commit_bytes),
                             ("--batch-tokens", batch_tokens), ("--batch-docs", batch_docs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise IndexJobError(f"{flag} must be a whole number >= 1, got {value!r}")
+                raise InvalidError(f"{flag} must be a whole number >= 1, got {value!r}", param=flag)
         embedder.check_dimensions(dimensions)
         self.embedder = embedder
         self.data_dir = Path(data_dir)
@@ -208,8 +203,8 @@ class IndexJob:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         try:
             analyzer = canonical_analyzer(analyzer)
-        except CollectionError as e:
-            raise IndexJobError(f"--analyzer: {e}") from None
+        except InvalidError as e:
+            raise InvalidError(f"--analyzer: {e}", param="--analyzer") from None
         self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory,
                                    analyzer=analyzer)
 
@@ -227,7 +222,7 @@ class IndexJob:
                 try:
                     t.companion = resolve_companion(embedder, t.spec, companion)
                 except InvalidError as e:
-                    raise IndexJobError(f"--companion: {e}") from None
+                    raise InvalidError(f"--companion: {e}", param="--companion") from None
         engine = {"model": embedder.model_id,
                   "encoder_precision": embedder.encoder.precision,
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
@@ -264,7 +259,7 @@ class IndexJob:
                 if state is not None:
                     diffs = _diff_settings(state.get("settings", {}), t.settings)
                     if diffs:
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"collection {t.name!r} was indexed with different settings ({'; '.join(diffs)}); "
                             "rerun with the original settings to continue it, or use another --collection "
                             "name (or delete the collection)")
@@ -274,7 +269,7 @@ class IndexJob:
                 state = states[t.spec]
                 if state is None:
                     if len(t.coll):
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"collection {t.name!r} already holds {len(t.coll)} documents that were not "
                             "written by `embedpool index`; use another --collection name or delete it")
                     self._commit(t)
@@ -289,7 +284,7 @@ class IndexJob:
     def _read_state(self, t: Target) -> dict | None:
         try:
             coll = open_collection(self.data_dir, t.name, **self._where)
-        except CollectionNotFoundError:
+        except NotFoundError:
             return None
         try:
             raw = coll.get_property(JOB_PROPERTY)
@@ -298,8 +293,8 @@ class IndexJob:
         try:
             return None if raw is None else json.loads(raw)
         except json.JSONDecodeError as e:
-            raise IndexJobError(f"job state of collection {t.name!r} is unreadable ({e}); delete "
-                                "the collection to start over") from None
+            raise InvalidError(f"job state of collection {t.name!r} is unreadable ({e}); delete "
+                               "the collection to start over") from None
 
     def _commit(self, t: Target) -> None:
         """Commit ``t``'s collection together with the job state that says what it holds."""
@@ -364,7 +359,7 @@ class IndexJob:
                     self._write(block)
                 for t in self.targets.values():
                     if t.committed > self.records_read:
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"the corpus has {self.records_read} records but collection {t.name!r} "
                             f"already holds {t.committed} of an earlier run; it is not the same corpus")
                 with guard.critical():
@@ -549,7 +544,7 @@ class EmbeddedBlock:
 def check_position(pos: int, rec: Record, expected_id: str | None, collection: str) -> None:
     """The record at a committed position must still be the one indexed there."""
     if rec.id != expected_id:
-        raise IndexJobError(
+        raise InvalidError(
             f"the corpus changed since collection {collection!r} was indexed: record {pos} is {rec.id!r}, "
             f"it was {expected_id!r}; use another --collection name (or delete the collection) to index "
             "this corpus")
@@ -610,7 +605,7 @@ def _measure(embedder, group: list[tuple[int, Record]], specs: list[str], option
     try:
         w = embedder.measure([r.text for _, r in group], specs, options)
     except InvalidError as e:
-        raise IndexJobError(f"{_culprit(group)}: {e}") from e
+        raise InvalidError(f"{_culprit(group)}: {e}") from e
     return [Measured(p, r, tok, n) for (p, r), tok, n in zip(group, w.tokenized, w.tokens)]
 
 
@@ -619,7 +614,7 @@ def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs:
                   on_batch: Callable[[int, int], None] | None = None) -> EmbeddedBlock:
     """Embed one call's records (from :func:`token_calls`, with the same ``options``) with every
     spec -- the same code in this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
-    fails the call with an :class:`IndexJobError` naming it."""
+    fails the call with an :class:`InvalidError` naming it."""
     last_of: dict[str, int] = {}  # duplicate ids inside one call: the last one wins (as a later upsert would)
     for j, m in enumerate(recs):
         last_of[m.record.id] = j
@@ -632,7 +627,7 @@ def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs:
         emb = embed_by_plan(embedder, texts, specs, options, on_batch=on_batch,
                             tokenized=None if None in tokenized else tokenized)
     except InvalidError as e:
-        raise IndexJobError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
+        raise InvalidError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
     return EmbeddedBlock([m.pos for m in keep], [m.record.id for m in keep], texts,
                          [m.record.metadata for m in keep], emb.vectors, emb.seconds, emb.tokens, end, last_id,
                          len(recs))

@@ -48,15 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedpool.app.datasets import CorpusSlice, CorpusSource, Record
-from embedpool.app.indexing import (
-    EmbeddedBlock,
-    IndexJob,
-    IndexJobError,
-    check_position,
-    embed_records,
-    token_calls,
-)
-from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, import_extra
+from embedpool.app.indexing import EmbeddedBlock, IndexJob, check_position, embed_records, token_calls
+from embedpool.errors import EmbedpoolError, InternalError, InvalidError, UnavailableError, import_extra
 
 if TYPE_CHECKING:
     from embedpool.poolers import EmbedOptions
@@ -65,10 +58,6 @@ if TYPE_CHECKING:
 #: bytes of a corpus file taken for one token when read tasks are cut (English text has ~4-5
 #: characters a token; the worker cuts its block by counted tokens again)
 BYTES_PER_TOKEN = 4
-
-
-class RayJobError(UnavailableError):
-    """The Ray job failed for a reason of Ray's (a worker died, the cluster went away)."""
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -141,7 +130,7 @@ class EmbedWorker:
         torch.set_num_threads(threads)
         self.embedder = load_embedder(Settings(**settings))
         if (self.embedder.model_id, self.embedder.dim) != tuple(model):
-            raise _keep_message(IndexJobError(
+            raise _keep_message(InvalidError(
                 f"a Ray worker on {os.uname().nodename} loaded model {self.embedder.model_id!r} (dim "
                 f"{self.embedder.dim}), the driver {model[0]!r} (dim {model[1]}); install the same model "
                 "on every node"))
@@ -248,7 +237,7 @@ def _keep_message(e: EmbedpoolError) -> EmbedpoolError:
 
 def _unwrap(e: BaseException) -> BaseException:
     """What a Ray task raised, out of Ray's wrappers (an embedpool error with its own message);
-    a :class:`RayJobError` when Ray itself failed (a worker died, the cluster went away)."""
+    a :class:`UnavailableError` when Ray itself failed (a worker died, the cluster went away)."""
     from ray.exceptions import RayError
 
     seen, c, found = set(), e, None
@@ -261,9 +250,9 @@ def _unwrap(e: BaseException) -> BaseException:
         c = cause if isinstance(cause, BaseException) else c.__cause__
     if found is None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return RayJobError(f"the Ray job failed ({type(e).__name__}: {first}); Ray's logs are in "
-                           "/tmp/ray/session_latest/logs on each node; rerun the same command to continue "
-                           "after the last commit")
+        return UnavailableError(f"the Ray job failed ({type(e).__name__}: {first}); Ray's logs are in "
+                                "/tmp/ray/session_latest/logs on each node; rerun the same command to continue "
+                                "after the last commit")
     msg = getattr(found, "embedpool_message", None)
     if msg is not None:
         found.args = (msg,)
@@ -301,9 +290,9 @@ def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, ad
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
     import_extra("ray", "ray", "--engine ray")
     if source.is_stdin:
-        raise IndexJobError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
+        raise InvalidError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
     if workers < 1:
-        raise IndexJobError("--workers must be >= 1")
+        raise InvalidError("--workers must be >= 1")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
     engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}

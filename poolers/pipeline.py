@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from embedpool.errors import InvalidError, InvalidTypeError
+from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, build_pooler
 from embedpool.poolers.encoder import FrozenEncoder, Plan
 
@@ -233,7 +233,7 @@ class Embedder:
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise InvalidTypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}")
         limit = self.natural_dim(spec) if spec is not None else max(self.dim, self.encoder.hidden_size)
         if not 1 <= dimensions <= limit:
             what = f" (the size of pooler {self.canonical(spec)!r}'s vectors)" if spec is not None else ""
@@ -259,7 +259,7 @@ class Embedder:
         limits does not tokenize it again to encode it. Raises what :meth:`embed` would for an
         input it refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
-            raise InvalidTypeError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string")
         options = EmbedOptions.of(options, **fields)
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
@@ -300,7 +300,7 @@ class Embedder:
                 pass its plan shares with the other poolers of the call.
         """
         if isinstance(texts, str):
-            raise InvalidTypeError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string")
         options = EmbedOptions.of(options, **fields)
         if options.role not in ROLES:
             raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")

@@ -27,11 +27,10 @@ from starlette.concurrency import run_in_threadpool
 from embedpool import index
 from embedpool.app.batcher import Batcher, Job
 from embedpool.app.server.cache import VectorCache
-from embedpool.app.server.errors import ClientClosed, Invalid, NotReady
 from embedpool.app.server.limits import check_inputs, check_workload
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
-from embedpool.errors import InvalidError, NotFoundError
+from embedpool.errors import InvalidError, NotFoundError, UnavailableError
 from embedpool.poolers import EmbedOptions, EmbedResult
 
 if TYPE_CHECKING:
@@ -139,9 +138,9 @@ class Engine:
         """The embedder, or 503 while it loads."""
         if self.batcher is None:
             if self.error:
-                raise NotReady(f"the model failed to load: {self.error}")
-            raise NotReady("the model is still loading; retry shortly (GET /health turns 200 when ready)",
-                           headers={"Retry-After": "5"})
+                raise UnavailableError(f"the model failed to load: {self.error}")
+            raise UnavailableError("the model is still loading; retry shortly (GET /health turns 200 when ready)",
+                                   retry_after=5)
         return self.embedder
 
     # ------------------------------------------------------------------ checks
@@ -163,7 +162,7 @@ class Engine:
                 self._check_options(name, opts)
             p = embedder.pooler(spec)
         except (InvalidError, NotFoundError, OSError) as exc:  # a weights path: missing, unreadable
-            raise Invalid(f"{field}: {exc}", param=field) from None
+            raise InvalidError(f"{field}: {exc}", param=field) from None
         return p.spec, bool(p.multi_vector)
 
     def _check_options(self, name: str, opts: dict[str, str]) -> None:
@@ -188,7 +187,7 @@ class Engine:
         try:
             self.require().check_dimensions(dimensions)
         except InvalidError as exc:
-            raise Invalid(f"{field}: {exc}", param=field) from None
+            raise InvalidError(f"{field}: {exc}", param=field) from None
 
     def check_prompt(self, prompt_name: str | None, field: str = "prompt_name") -> None:
         """422 unless the model has a prompt of that name (``None``: nothing to check)."""
@@ -197,7 +196,7 @@ class Engine:
         try:
             self.require().encoder.prompt_for(None, prompt_name)
         except ValueError as exc:
-            raise Invalid(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
+            raise InvalidError(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
 
     # ------------------------------------------------------------------ embedding
     async def embed_pooled(self, request: Request | None, texts: list[str], pooler: str | None,
@@ -210,12 +209,12 @@ class Engine:
         check_inputs(texts, self.settings, field)
         spec, is_multi = self.pooler(pooler)
         if is_multi and not multi:
-            raise Invalid(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
-                          f"cannot carry; {alternative}", param="pooler")
+            raise InvalidError(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
+                               f"cannot carry; {alternative}", param="pooler")
         if multi and not is_multi:
-            raise Invalid(f"pooler: {spec!r} gives one vector per input, and this route answers a list of vectors "
-                          f"per input: send a multi-vector pooler (tokens, cluster), or {alternative}",
-                          param="pooler")
+            raise InvalidError(f"pooler: {spec!r} gives one vector per input, and this route answers a list of "
+                               f"vectors per input: send a multi-vector pooler (tokens, cluster), or {alternative}",
+                               param="pooler")
         self.check_dimensions(options.dimensions)
         self.check_prompt(options.prompt_name)
         return spec, await self.embed(request, texts, [spec], options, field=field)
@@ -264,7 +263,7 @@ class Engine:
             return list(gathered.result())
         self._cancel(jobs)
         gathered.cancel()
-        raise ClientClosed("the client closed the connection; its work was dropped")
+        raise InvalidError("the client closed the connection; its work was dropped", code="client_closed")
 
     def _cancel(self, jobs: list[Job]) -> None:
         assert self.batcher is not None

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from embedpool import index
 from embedpool.app.settings import Settings
+from embedpool.errors import ConflictError, NotFoundError
 from embedpool.index import CollectionBase
 
 
@@ -35,9 +36,9 @@ class Collections:
             try:
                 coll.refresh()  # committed by another process
                 return coll
-            except index.CollectionLockedError:
+            except ConflictError:
                 return coll  # our own write is in progress; it refreshes after
-            except index.CollectionNotFoundError:  # deleted by another process
+            except NotFoundError:  # deleted by another process
                 with self._lock:
                     if self._open.get(name) is coll:
                         del self._open[name]
@@ -85,7 +86,7 @@ class Collections:
                 write()
                 coll.commit()
                 break
-            except index.CollectionLockedError:
+            except ConflictError:
                 if attempt or not coll.refresh():
                     raise
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from embedpool.app.datasets import CorpusSource, DatasetError
-from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError
+from embedpool.app.datasets import CorpusSource
+from embedpool.app.indexing import IndexJob, JOB_PROPERTY
+from embedpool.errors import InvalidError
 from embedpool.index import FaissCollection, open_collection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
@@ -122,8 +123,8 @@ def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embe
 
 # ------------------------------------------------------------------ a bad record
 @pytest.mark.parametrize("bad, error, message", [
-    (5, DatasetError, r"corpus\.jsonl, line 42: field 'text' is int, expected a string"),  # the read task
-    ("\ud800 lone", IndexJobError, r"record 41 \(id '\d+'\) cannot be embedded \(its text is not valid Unicode\)"),
+    (5, InvalidError, r"corpus\.jsonl, line 42: field 'text' is int, expected a string"),  # the read task
+    ("\ud800 lone", InvalidError, r"record 41 \(id '\d+'\) cannot be embedded \(its text is not valid Unicode\)"),
 ], ids=["non-string text", "lone surrogate"])
 def test_a_bad_record_fails_the_job_by_name_and_nothing_after_the_last_commit_is_written(
         ray_address, embedder, data_dir, tmp_path, bad, error, message):

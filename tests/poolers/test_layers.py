@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedpool.poolers import Embedder, PoolerSpecError, build_pooler
+from embedpool.errors import InvalidError
+from embedpool.poolers import Embedder, build_pooler
 from embedpool.poolers.encoder import default_model_path
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
 from embedpool.poolers.precision import load_forward, resolve
@@ -129,7 +130,7 @@ def test_maxpoolbert_is_the_papers_max_over_the_last_layers_cls(embedder, refere
 
 def test_bad_layer_options_are_refused_with_the_valid_forms(embedder):
     for spec in ("layermean:layers=first", "maxpoolbert:layers=last0", "layermean:layers=1+x"):
-        with pytest.raises(PoolerSpecError, match="use all, last<k>"):
+        with pytest.raises(InvalidError, match="use all, last<k>"):
             build_pooler(spec)
     with pytest.raises(ValueError, match="has 7 hidden layers"):
         embedder.embed(["x"], ["layermean:layers=1+9"])
@@ -224,9 +225,9 @@ def test_attention_and_multilayer_heads_are_not_interchangeable(tmp_path, encode
 
     _trained(MultiLayerHead).save(tmp_path / "ml", encoder=encoder.model_id)
     AttentionHead(384).save(tmp_path / "att", encoder=encoder.model_id)
-    with pytest.raises(PoolerSpecError, match="head for pooler 'multilayer', not 'attention'; use multilayer:weights="):
+    with pytest.raises(InvalidError, match="head for pooler 'multilayer', not 'attention'; use multilayer:weights="):
         build_pooler(f"attention:weights={tmp_path / 'ml'}", model_id=encoder.model_id)
-    with pytest.raises(PoolerSpecError, match="head for pooler 'attention', not 'multilayer'; use attention:weights="):
+    with pytest.raises(InvalidError, match="head for pooler 'attention', not 'multilayer'; use attention:weights="):
         build_pooler(f"multilayer:weights={tmp_path / 'att'}", model_id=encoder.model_id)
 
 

@@ -7,12 +7,12 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid, NotFound
 from embedpool.app.server.output import encode_vectors, output_ranges
 from embedpool.app.server.responses import JSON, OPENAI_ERROR
 from embedpool.app.server.schemas import ModelCard, ModelList, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from embedpool.app.server.engine import Engine
 from embedpool.poolers import EmbedOptions
+from embedpool.errors import InvalidError, NotFoundError
 
 router = APIRouter(tags=["openai"], dependencies=[Depends(require_api_key)])
 
@@ -30,10 +30,10 @@ async def embeddings(body: OpenAIEmbeddingRequest, request: Request,
     OpenAI clients decode base64 as float32)."""
     texts = [body.input] if isinstance(body.input, str) else body.input
     if body.encoding_format == "base64" and body.precision != "float32":
-        raise Invalid(f"encoding_format: base64 on /v1/embeddings carries float32 only (OpenAI clients decode it "
-                      f"as float32); for precision {body.precision!r} send encoding_format 'float' (the OpenAI SDK: "
-                      "encoding_format='float'), or use POST /embed, whose base64 carries any precision",
-                      param="encoding_format")
+        raise InvalidError(f"encoding_format: base64 on /v1/embeddings carries float32 only (OpenAI clients decode it "
+                           f"as float32); for precision {body.precision!r} send encoding_format 'float' (the OpenAI SDK: "
+                           "encoding_format='float'), or use POST /embed, whose base64 carries any precision",
+                           param="encoding_format")
     engine.check_dimensions(body.dimensions)
     ranges = output_ranges(body.precision, body.ranges, normalize=True, dim=body.dimensions or engine.embedder.dim)
     spec, out = await engine.embed_pooled(request, texts, body.pooler,
@@ -74,5 +74,5 @@ async def model(model_id: str = Path(..., max_length=512, description="a model i
         if card["id"] == model_id:
             return JSON(card)
     also = f" (also named {', '.join(repr(c['id']) for c in cards[1:])})" if cards[1:] else ""
-    raise NotFound(f"model {model_id!r} is not served here; this server serves {cards[0]['id']!r}{also}; "
-                   "GET /v1/models lists them", param="model")
+    raise NotFoundError(f"model {model_id!r} is not served here; this server serves {cards[0]['id']!r}{also}; "
+                        "GET /v1/models lists them", param="model")

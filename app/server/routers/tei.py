@@ -37,7 +37,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import TEI_PREFIX, EmptyInput, Invalid, NotReady
+from embedpool.app.server.errors import TEI_PREFIX
 from embedpool.app.server.output import sparse_vectors
 from embedpool.app.server.responses import JSON, ranks
 from embedpool.app.server.routers import health, openai, tokenize
@@ -56,6 +56,7 @@ from embedpool.app.server.schemas import (
 )
 from embedpool.app.server.engine import Engine
 from embedpool.poolers import EmbedOptions
+from embedpool.errors import InvalidError, UnavailableError
 
 #: TEI's ``--auto-truncate`` default: an unset ``truncate`` cuts inputs at the model's window
 AUTO_TRUNCATE = True
@@ -83,7 +84,7 @@ def _texts(inputs: str | list[str], field: str = "inputs") -> list[str]:
     if isinstance(inputs, str):
         return [inputs]
     if not inputs:
-        raise EmptyInput(f"`{field}` cannot be empty", param=field)
+        raise InvalidError(f"`{field}` cannot be empty", param=field, code="empty")
     return inputs
 
 
@@ -99,7 +100,7 @@ def _options(body: TEIEmbedAllRequest | TEIEmbedSparseRequest) -> EmbedOptions:
 
 async def _embed(body: TEIEmbedRequest, request: Request, engine: Engine) -> list:
     if body.dimensions == 0:
-        raise Invalid("`dimensions` should be positive", param="dimensions")
+        raise InvalidError("`dimensions` should be positive", param="dimensions")
     options = EmbedOptions(normalize=body.normalize, dimensions=body.dimensions, truncate=_truncate(body.truncate),
                            prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
     spec, out = await engine.embed_pooled(request, _texts(body.inputs), body.pooler, options, multi=False,
@@ -142,7 +143,7 @@ async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: En
                                           _options(body), multi=False,
                                           alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input")
     if not engine.embedder.pooler(spec).sparse:
-        raise Invalid(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
+        raise InvalidError(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
     return JSON([[{"index": i, "value": v} for i, v in zip(row["indices"], row["values"])]
                  for row in sparse_vectors(out.vectors[spec], "float32", "float")])
 
@@ -190,7 +191,7 @@ async def info(engine: Engine = Depends(get_engine)) -> JSON:
 async def health_check(engine: Engine = Depends(get_engine)) -> Response:
     """TEI's health: 200 with an empty body once the model is ready, else 503 `Unhealthy` (no API key needed)."""
     if engine.status != "ready":
-        raise NotReady("unhealthy")
+        raise UnavailableError("unhealthy")
     return Response(status_code=200)
 
 
