@@ -49,7 +49,7 @@ from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, NotFoundError
 from embedpool.index import CollectionSpec, bytes_per_vector, canonical_analyzer, open_collection
-from embedpool.poolers import Tokenized
+from embedpool.poolers import EmbedOptions, Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
 JOB_VERSION = 1
@@ -59,6 +59,8 @@ BATCH_TOKENS = 65_536
 #: default bytes of vectors added between two commits (what the pending segments hold)
 COMMIT_BYTES = 256 << 20
 #: records (and characters) tokenized in one tokenizer call, before they are cut into calls
+#: the options of a job that names none: documents, normalized, at the model's full size
+DOCUMENT = EmbedOptions(role="document")
 MEASURE_RECORDS = 64
 MEASURE_CHARS = 1 << 20
 
@@ -194,8 +196,8 @@ class IndexJob:
         self.commit_bytes = int(commit_bytes)
         self.batch_tokens = int(batch_tokens)
         self.batch_docs = int(min(batch_docs, commit_every))
-        self.dimensions = dimensions
-        self.normalize = normalize
+        # the one options object of every embedding call of the job, built here from its arguments
+        self.options = EmbedOptions(role="document", normalize=normalize, dimensions=dimensions)
         self.store_text = store_text
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -235,14 +237,14 @@ class IndexJob:
 
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
-        dim = self.embedder.output_dim(t.spec, self.dimensions)
-        normalized = self.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
+        dim = self.embedder.output_dim(t.spec, self.options.dimensions)
+        normalized = self.options.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
                       encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
         if t.multi:
             comp = {} if t.companion is None else dict(
                 companion_pooler=t.companion[0], companion_rows=t.companion[1],
-                companion_dim=self.embedder.output_dim(t.companion[0], self.dimensions),
+                companion_dim=self.embedder.output_dim(t.companion[0], self.options.dimensions),
                 companion_factory=self.index_settings["factory"])
             return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
                                   token_factory=self.index_settings["token_factory"], **comp, **common)
@@ -380,7 +382,7 @@ class IndexJob:
         return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
                 "specs": self.specs,
                 "checks": {t.committed - 1: (t.last_id, t.name) for t in self.targets.values() if t.committed > 0},
-                "normalize": self.normalize, "dimensions": self.dimensions}
+                "options": self.options}
 
     @property
     def specs(self) -> list[str]:
@@ -402,7 +404,7 @@ class IndexJob:
                 if pos >= start:
                     yield pos, rec
 
-        for call in token_calls(self.embedder, todo(), self.specs, batch_tokens=self.batch_tokens,
+        for call in token_calls(self.embedder, todo(), self.specs, self.options, batch_tokens=self.batch_tokens,
                                 batch_docs=self.batch_docs):
             yield self._embed_call(call)
 
@@ -422,8 +424,7 @@ class IndexJob:
                     self._bar.update(step)
 
         return embed_records(self.embedder, [m for m in call if m.pos >= first], end, call[-1].record.id,
-                             _specs(active), normalize=self.normalize,
-                             dimensions=self.dimensions, on_batch=on_batch)
+                             _specs(active), self.options, on_batch=on_batch)
 
     def _write(self, block: "EmbeddedBlock") -> None:
         """Add one embedded block to every collection that does not hold it yet (a block the
@@ -560,17 +561,18 @@ class Measured:
     tokens: int = 0
 
 
-def token_calls(embedder, items: Iterable[tuple[int, Record]], specs: list[str], *, batch_tokens: int,
-                batch_docs: int) -> Iterator[list[Measured]]:
+def token_calls(embedder, items: Iterable[tuple[int, Record]], specs: list[str], options: EmbedOptions = DOCUMENT,
+                *, batch_tokens: int, batch_docs: int) -> Iterator[list[Measured]]:
     """``(position, record)`` items cut into embedding calls of at most ``batch_tokens`` tokens
-    -- every plan the ``specs`` need, counted after windowing -- and ``batch_docs`` records; a
+    -- every plan the ``specs`` need, counted after windowing, tokenized with ``options`` (the
+    job's) -- and ``batch_docs`` records; a
     record over the budget is a call of its own (the encoder forwards its windows a token-budget
     batch at a time). Records are tokenized a group at a time and each call reuses their rows,
     so nothing is tokenized twice. The same cut in this process and on a Ray worker."""
     call: list[Measured] = []
     tokens = 0
     for group in _measure_groups(items, min(MEASURE_RECORDS, batch_docs), min(MEASURE_CHARS, 4 * batch_tokens)):
-        for m in _measure(embedder, group, specs):
+        for m in _measure(embedder, group, specs, options):
             if call and tokens + m.tokens > batch_tokens:
                 yield call
                 call, tokens = [], 0
@@ -599,19 +601,19 @@ def _measure_groups(items: Iterable[tuple[int, Record]], records: int,
         yield group
 
 
-def _measure(embedder, group: list[tuple[int, Record]], specs: list[str]) -> list[Measured]:
+def _measure(embedder, group: list[tuple[int, Record]], specs: list[str], options: EmbedOptions) -> list[Measured]:
     try:
-        w = embedder.measure([r.text for _, r in group], specs, role="document")
+        w = embedder.measure([r.text for _, r in group], specs, options)
     except InvalidError as e:
         raise InvalidError(f"{_culprit(group)}: {e}") from e
     return [Measured(p, r, tok, n) for (p, r), tok, n in zip(group, w.tokenized, w.tokens)]
 
 
-def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs: list[str], *,
-                  normalize: bool = True, dimensions: int | None = None,
+def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs: list[str],
+                  options: EmbedOptions = DOCUMENT, *,
                   on_batch: Callable[[int, int], None] | None = None) -> EmbeddedBlock:
-    """Embed one call's records (from :func:`token_calls`) with every spec -- the same code in
-    this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
+    """Embed one call's records (from :func:`token_calls`, with the same ``options``) with every
+    spec -- the same code in this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
     fails the call with an :class:`InvalidError` naming it."""
     last_of: dict[str, int] = {}  # duplicate ids inside one call: the last one wins (as a later upsert would)
     for j, m in enumerate(recs):
@@ -622,8 +624,8 @@ def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs:
         return EmbeddedBlock([], [], [], [], {s: [] for s in specs}, {}, 0, end, last_id, len(recs))
     tokenized = [m.tokenized for m in keep]
     try:
-        emb = embed_by_plan(embedder, texts, specs, "document", normalize=normalize, dimensions=dimensions,
-                            on_batch=on_batch, tokenized=None if None in tokenized else tokenized)
+        emb = embed_by_plan(embedder, texts, specs, options, on_batch=on_batch,
+                            tokenized=None if None in tokenized else tokenized)
     except InvalidError as e:
         raise InvalidError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
     return EmbeddedBlock([m.pos for m in keep], [m.record.id for m in keep], texts,

@@ -33,22 +33,16 @@ import numpy as np
 from embedpool.errors import InvalidError
 from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
                              maxsim_scores, parse_filter)
-from embedpool.poolers import build_pooler
+from embedpool.poolers import EmbedOptions, build_pooler
 
 
 @dataclass(frozen=True)
 class Embedding:
-    """How texts are embedded for one collection (hashable: a key of embedded vectors)."""
+    """How texts are embedded for one collection: a pooler and the :class:`poolers.EmbedOptions`
+    of its ``embed`` call (hashable: a key of embedded vectors)."""
 
     pooler: str
-    normalize: bool = True
-    dimensions: int | None = None
-    role: str = "query"
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The ``embed`` keyword arguments besides the poolers."""
-        return {"role": self.role, "normalize": self.normalize, "dimensions": self.dimensions}
+    options: EmbedOptions = EmbedOptions(role="query")
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,11 +67,12 @@ def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], 
         if own != spec.dim:
             raise InvalidError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "
                                f"{own}; it was made by another embedpool version or by hand", param="collection")
-        return Embedding(spec.pooler, bool(spec.normalized), None, role)
+        return Embedding(spec.pooler, EmbedOptions(role=role, normalize=bool(spec.normalized)))
     if spec.dim > model_dim:
         raise InvalidError(f"the collection stores {spec.dim}-d vectors but the model gives {model_dim}; "
                            "search it with the model that made it", param="collection")
-    return Embedding(spec.pooler, bool(spec.normalized), None if spec.dim == model_dim else spec.dim, role)
+    return Embedding(spec.pooler, EmbedOptions(role=role, normalize=bool(spec.normalized),
+                                               dimensions=None if spec.dim == model_dim else spec.dim))
 
 
 #: the companion a multi-vector collection gets when none is named: one ``mean`` row per window
@@ -150,13 +145,12 @@ def companion_name(spec: CollectionSpec, mode: str, name: str = "", hybrid_mode:
     return spec.companion
 
 
-def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[dict[str, Any], list[str]]]:
+def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[EmbedOptions, list[str]]]:
     """``(options, poolers)`` per ``embed`` call: the embeddings that share options in one."""
-    calls: dict[tuple, tuple[dict[str, Any], list[str]]] = {}
+    calls: dict[EmbedOptions, list[str]] = {}
     for e in dict.fromkeys(embeddings):
-        opts = e.options
-        calls.setdefault(tuple(opts.items()), (opts, []))[1].append(e.pooler)
-    return list(calls.values())
+        calls.setdefault(e.options, []).append(e.pooler)
+    return list(calls.items())
 
 
 Vectors = dict[Embedding, list[np.ndarray]]
@@ -164,14 +158,15 @@ Vectors = dict[Embedding, list[np.ndarray]]
 
 def embed_texts(embed: Callable[..., Any], texts: Sequence[str],
                 embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
-    """Embed ``texts`` for every embedding with ``embed(texts, poolers, **options)`` (an
-    ``Embedder.embed``); returns the vectors per embedding and the tokens encoded."""
+    """Embed ``texts`` for every embedding with ``embed(texts, poolers, options)`` (an
+    ``Embedder.embed``); returns the vectors per embedding and the usage (the texts' tokens,
+    once per call)."""
     out: Vectors = {}
     tokens = 0
     for opts, poolers in embedding_calls(embeddings):
-        res = embed(list(texts), poolers, **opts)
-        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
-        tokens += res.tokens
+        res = embed(list(texts), poolers, opts)
+        out.update({Embedding(p, opts): res.vectors[p] for p in poolers})
+        tokens += res.usage
     return out, tokens
 
 
@@ -181,9 +176,9 @@ async def aembed_texts(embed: Callable[..., Awaitable[Any]], texts: Sequence[str
     out: Vectors = {}
     tokens = 0
     for opts, poolers in embedding_calls(embeddings):
-        res = await embed(list(texts), poolers, **opts)
-        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
-        tokens += res.tokens
+        res = await embed(list(texts), poolers, opts)
+        out.update({Embedding(p, opts): res.vectors[p] for p in poolers})
+        tokens += res.usage
     return out, tokens
 
 

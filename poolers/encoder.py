@@ -31,6 +31,7 @@ from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -399,10 +400,8 @@ class FrozenEncoder:
                 ids, special = ids[:head] + ids[tail:], special[:head] + special[tail:]
                 span = (n_content - keep, n_content)
             if len(ids) > window:
-                raise InvalidError(
-                    f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
-                    "shorten it or set truncate=true"
-                )
+                raise InvalidError(f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
+                                   "shorten it or set truncate=true", param=f"texts[{i}]")
             expansion = None
             if expand is not None and expansion_id is not None and len(ids) < expand["length"]:
                 # ColBERT query expansion: pad to the query width with [MASK] (PyLate's)

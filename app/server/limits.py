@@ -13,13 +13,17 @@ so that one request's memory and time are bounded whatever its poolers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedpool.app.server.errors import render
 from embedpool.app.settings import Settings
-from embedpool.errors import TooLargeError
+from embedpool.errors import InvalidError, TooLargeError
+
+if TYPE_CHECKING:
+    from embedpool.app.server.engine import EmbedPart
+    from embedpool.poolers import Workload
 
 
 class BodyLimitMiddleware:
@@ -72,27 +76,25 @@ def check_inputs(texts: Sequence[str], settings: Settings, field: str = "inputs"
                 "(max_input_chars); shorten or split it", param=field)
 
 
-#: the options of an embedding call that change its tokenization
-_TOKENIZE_OPTIONS = ("role", "truncate", "prompt_name", "truncation_direction")
-
-
-def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]],
-                   settings: Settings, *, field: str = "inputs") -> list[Any]:
+def check_workload(embedder: Any, parts: Sequence[EmbedPart], settings: Settings, *,
+                   field: str = "inputs") -> list[Workload]:
     """Raise :class:`TooLargeError` (kind ``too_large``: 413) if one request's embeddings --
-    ``parts``, ``(texts, specs, options)`` as :meth:`Engine.embed_many` takes them -- would
-    run more than ``max_request_tokens`` tokens through the encoder (after windowing: all
-    windows of all plans) or return more than ``max_request_vectors`` vectors, all parts
-    together. Tokenizes, never encodes; every route that embeds calls it before queueing,
-    through ``Engine.embed_many``.
+    ``parts``, as :meth:`Engine.embed_many` takes them -- would run more than
+    ``max_request_tokens`` tokens through the encoder (after windowing: all windows of all
+    plans) or return more than ``max_request_vectors`` vectors, all parts together. Tokenizes
+    (with each part's own options), never encodes; every route that embeds calls it before
+    queueing, through ``Engine.embed_many``.
 
     Returns each part's :class:`poolers.Workload`: its per-text token counts (the batcher
     schedules by them), usage counts, and the tokenization itself, which the worker encodes
     without tokenizing again. A text the engine would refuse (too long with
-    ``truncate=false``) raises its ``ValueError`` here."""
+    ``truncate=false``) raises here, named by the request field it came from."""
     works = []
-    for texts, specs, options in parts:
-        opts = {k: options[k] for k in _TOKENIZE_OPTIONS if k in options}
-        works.append(embedder.measure(list(texts), list(specs), **opts))
+    for part in parts:
+        try:
+            works.append(embedder.measure(part.texts, part.specs, part.options))
+        except InvalidError as exc:
+            raise _named(embedder, part, exc, field) from None
     check_tokens(sum(sum(w.tokens) for w in works), settings, field, "through the encoder (all windows "
                  "of every pooler's tokenization plan)")
     vectors = sum(w.vectors for w in works)
@@ -103,6 +105,23 @@ def check_workload(embedder: Any, parts: Sequence[tuple[Sequence[str], Sequence[
             "shorter inputs per request, or use a pooler with fewer vectors (e.g. a larger "
             "cluster pool_factor)", param=field)
     return works
+
+
+def _named(embedder: Any, part: EmbedPart, exc: InvalidError, field: str) -> InvalidError:
+    """``exc`` of the engine about the call's text ``i`` (``param`` ``texts[i]``: an input over the
+    model's window) as the request's field names it: ``field[i]`` with the engine's message, or
+    the part's own name for it with its length and the window (counted again: this path only)."""
+    param = exc.param or ""
+    if not (param.startswith("texts[") and param.endswith("]")):
+        return exc
+    i = int(param[len("texts["):-1])
+    if part.names is None:
+        return InvalidError(f"{field}[{i}]: {exc}", param=field)
+    name, opts, encoder = part.names[i], part.options, embedder.encoder
+    n = encoder.lengths([part.texts[i]], role=opts.role, prompt_name=opts.prompt_name)[0]
+    return InvalidError(f"{name}: {n} tokens, over the model's window of {encoder.window_for(opts.role)} tokens; "
+                        "shorten it, or send truncate=true to cut it (truncation_direction picks the end)",
+                        param=name.split("[")[0])
 
 
 def check_tokens(tokens: int, settings: Settings, field: str = "inputs", what: str = "") -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from embedpool.app.encoding import embed_by_plan
+from embedpool.poolers import EmbedOptions
 from embedpool.poolers.base import REGISTRY
 
 TEXTS = ["A cat sat on the mat.", "Stock markets fell sharply as investors sold shares.",
@@ -24,7 +25,7 @@ def test_every_pooler_reports_its_own_pooling_time(embedder, role):
     assert {s for s, _ in calls} == set(specs) and all(sec > 0 for _, sec in calls)
     assert all(len(res.vectors[s]) == len(TEXTS) for s in specs)
 
-    timed = embed_by_plan(embedder, TEXTS, specs, role)
+    timed = embed_by_plan(embedder, TEXTS, specs, EmbedOptions(role=role))
     for s in specs:
         assert timed.pooling[s] > 0, f"{s}: no pooling time reported ({role})"
         assert timed.seconds[s] == pytest.approx(timed.forward[s] + timed.pooling[s])

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from embedpool.app.server import errors as http_errors
+from server_testutil import Uvicorn
 
 LONE = "\\ud800"  # JSON's escape of a lone (high) surrogate: valid JSON, not valid Unicode
 
@@ -78,34 +75,6 @@ def test_keep_alive_connection_survives_a_bad_request(server):
 
 
 # ---------------------------------------------------------------------- the HTTP layer on its own
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Uvicorn:
-    """A real uvicorn server in a thread, for an app that exercises :mod:`app.server.errors`."""
-
-    def __init__(self, app: FastAPI, http: str = "httptools") -> None:
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
-                                                    loop="asyncio", http=http))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 def _app(**routes) -> FastAPI:
     app = FastAPI()
 
@@ -126,7 +95,7 @@ def test_internal_error_is_a_500_and_keeps_the_connection(http, caplog):
         return {}["missing"]  # a KeyError: a bug, not a request error
 
     caplog.set_level(logging.ERROR, logger="embedpool.server")
-    with _Uvicorn(_app(bug=bug), http) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with Uvicorn(_app(bug=bug), http) as url, httpx.Client(base_url=url, timeout=30) as c:
         ports = {c.get("/port").json()["port"]}
         for _ in range(6):
             r = c.get("/bug")
@@ -165,7 +134,7 @@ def test_backend_failure_is_a_503_with_its_message(tmp_path):
     err = http_errors.from_exception(caught.value)
     assert (err.status, err.type, err.message) == (503, "not_ready", str(caught.value))
     try:
-        with _Uvicorn(_app(search=search)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        with Uvicorn(_app(search=search)) as url, httpx.Client(base_url=url, timeout=60) as c:
             r = c.get("/search")
             assert r.status_code == 503, r.text
             assert r.json()["type"] == "not_ready" and "Milvus search of 'down' failed" in r.json()["error"]

@@ -19,6 +19,7 @@ import pytest
 from embedpool.app import retrieval
 from embedpool.errors import InvalidError
 from embedpool.index import CollectionSpec, open_collection
+from embedpool.poolers import EmbedOptions
 
 DOCS = [
     "A cat sat on the mat and purred.",
@@ -220,4 +221,4 @@ def test_two_stage_without_a_companion_is_an_input_error(collections, client, se
     with pytest.raises(InvalidError, match="unknown search mode"):
         retrieval.companion_name(spec, "fast", "lonely")
     assert retrieval.collection_embedding(CollectionSpec(dim=128, normalized=False), 384) == \
-        retrieval.Embedding("", normalize=False, dimensions=128, role="query")
+        retrieval.Embedding("", EmbedOptions(role="query", normalize=False, dimensions=128))

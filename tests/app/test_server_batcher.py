@@ -12,6 +12,7 @@ import pytest
 
 from embedpool.app.batcher import Batcher
 from embedpool.errors import OverloadedError
+from embedpool.poolers import EmbedOptions
 
 
 class FakeResult:
@@ -21,7 +22,7 @@ class FakeResult:
 
 class FakeWorkload:
     def __init__(self, counts, tokenized):
-        self.counts, self.tokenized = counts, tokenized
+        self.counts, self.tokenized, self.tokens = counts, tokenized, counts
 
 
 class FakeStats:
@@ -66,7 +67,8 @@ def expected(text, pooler):
 
 
 async def gather(batcher, requests):
-    return await asyncio.gather(*(batcher.embed(t, s, **o) for t, s, o in requests), return_exceptions=True)
+    return await asyncio.gather(*(batcher.embed(t, s, EmbedOptions(**o)) for t, s, o in requests),
+                                return_exceptions=True)
 
 
 def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
@@ -78,7 +80,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
                  {"dimensions": None if i < 6 else 64}) for i in range(10)]
 
         async def run():
-            tasks = [asyncio.ensure_future(b.embed(t, s, **o)) for t, s, o in reqs]
+            tasks = [asyncio.ensure_future(b.embed(t, s, EmbedOptions(**o))) for t, s, o in reqs]
             await asyncio.sleep(0.05)
             gate.set()
             return await asyncio.gather(*tasks)
@@ -91,7 +93,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
         for spec in specs:
             for t, v in zip(texts, out.vectors[spec]):
                 assert np.array_equal(v, expected(t, spec))
-        assert out.tokens == sum(len(t.split()) + 2 for t in texts)
+        assert out.usage == sum(len(t.split()) + 2 for t in texts)
     # far fewer embed calls than requests: one per (round, option group); groups by dimensions
     assert len(emb.calls) <= 4
     for texts, poolers, opts in emb.calls:
@@ -240,7 +242,7 @@ def test_thread_policy_runs_small_rounds_on_one_thread():
     """Run with the thread counts it needs, whatever this machine has: one thread (no policy),
     then two (small rounds on one, large ones on both, set in the encoding thread)."""
     import torch
-    from embedpool.app.server.state import thread_policy
+    from embedpool.app.server.engine import thread_policy
 
     before = torch.get_num_threads()
     try:
@@ -282,12 +284,11 @@ def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, mo
     monkeypatch.setattr(embedder.encoder, "tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
     b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0).start()
     try:
-        jobs = [b.submit(texts, ["mean"], usage_tokens=w.counts, cost_tokens=w.tokens, tokenized=w.tokenized)
-                for w in works[:4]]
+        jobs = [b.submit(texts, ["mean"], workload=w) for w in works[:4]]
         outs = [j.future.result(timeout=120) for j in jobs]
     finally:
         b.stop()
     assert calls == []
-    assert all(o.tokens == sum(expected) for o in outs)
+    assert all(o.usage == sum(expected) for o in outs)
     ref = embedder.embed(texts, ["mean"]).matrix("mean")
     assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)

@@ -36,7 +36,8 @@ from embedpool.app.server.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine
+from embedpool.app.server.state import Collections
 from embedpool.errors import ConflictError, InvalidError
 
 log = logging.getLogger("embedpool.server")

@@ -20,7 +20,7 @@ from embedpool.app.server.deps import get_engine
 from embedpool.app.server.limits import check_inputs, check_tokens
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import SimpleToken, TokenizeRequest, TokenizeWindows
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engine
 from embedpool.errors import InvalidError
 
 router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
