@@ -29,14 +29,14 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(2048, ge=64, description="token budget of one forward batch and of one batcher "
                                   "round (small batches stay in cache: faster on small CPUs than 16384)")
     # storage
-    data_dir: str = "./data"
-    backend: Literal["faiss", "milvus"] = "faiss"
-    milvus_uri: str = "./milvus.db"
-    milvus_token: str | None = None
+    data_dir: str = Field("./data", description="folder of the FAISS collections")
+    backend: Literal["faiss", "milvus"] = Field("faiss", description="vector store: faiss (folders under data_dir) or milvus")
+    milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
+    milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
     # service
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
+    host: str = Field("127.0.0.1", description="address the HTTP service listens on")
+    port: int = Field(8000, description="port of the HTTP service")
+    api_key: str | None = Field(None, description="if set, every route but /health, /metrics, /docs and the playground needs Authorization: Bearer KEY")
     max_client_batch: int = Field(512, ge=1, description="most inputs in one request")
     max_input_chars: int = Field(100_000, ge=1, description="longest single input, in characters")
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     rerank_cache_mb: int = Field(256, ge=0, description="memory for the document vectors /rerank keeps (least "
                                  "recently used first out); reranked candidates often recur; 0 = off")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="server log level")
 
     def store(self) -> dict[str, Any]:
         """Where collections live: the ``backend``/``milvus_uri``/``milvus_token`` keyword

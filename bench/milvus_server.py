@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,7 +138,15 @@ def pct(xs: list[float], p: float) -> float:
     return round(float(np.percentile(np.asarray(xs) * 1000, p)), 2)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, ``kill``) unwinds like Ctrl-C, so ``main``'s ``finally`` stops the Milvus
+    server (its own process group, which a signal to this process never reaches) and the three
+    ``embedpool serve`` processes; Python's default SIGTERM would exit at once and leave them running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main() -> None:
+    exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=None, help="first N SciFact documents (default: all 5,183)")
     ap.add_argument("--queries", type=int, default=None, help="first N test queries (default: all 300)")
@@ -152,9 +161,11 @@ def main() -> None:
 
     out: dict = {"machine": machine()}
     work = Path(tempfile.mkdtemp(prefix="bench-milvus-"))
-    srv = MilvusServer(work / "milvus").start()
     procs: list[subprocess.Popen] = []
+    srv = MilvusServer(work / "milvus")
     try:
+        srv.start()
+        print(f"milvus server: pid {srv.proc.pid}, {srv.uri}", flush=True)
         out["server"] = {"version": features_of(srv.version()).name, "start_s": round(srv.starts[0], 1),
                          "rss_idle_mb": round(srv.rss() / 2**20)}
         corpus = work / "corpus.jsonl"

@@ -51,14 +51,7 @@ from .base import (
 )
 from .docstore import DB_NAME, DocStore
 from .durable import fsync_dir, now_iso, remove_quietly, write_durable_bytes
-from .errors import (
-    CollectionLockedError,
-    CollectionNotFoundError,
-    CorruptCollectionError,
-    DocumentNotFoundError,
-    InvalidInputError,
-    NotACollectionError,
-)
+from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError
 from .filters import Node
 from .folders import LOCK_FILE, collection_manifest, create_folder, delete_collection, list_collections
 from .lexical import parse_analyzer
@@ -95,7 +88,7 @@ class FaissCollection(CollectionBase):
 
     Thread-safety: one writer (``add``/``delete``/``commit``/``compact``) and any number of
     searching threads; a search sees the collection either before or after a whole ``add``.
-    Across processes: one writer at a time (others get :class:`CollectionLockedError`); readers in
+    Across processes: one writer at a time (others get :class:`ConflictError`); readers in
     other processes see the state committed when they opened the collection, and later commits
     after :meth:`refresh`.
     """
@@ -106,26 +99,26 @@ class FaissCollection(CollectionBase):
     @classmethod
     def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         """Create ``<data_dir>/<name>``; if it exists with an equal spec, open it; if with a
-        different spec, raise :class:`SpecMismatchError` naming the differing fields."""
+        different spec, raise :class:`ConflictError` naming the differing fields."""
         check_new_spec(name, spec)
         data_dir = Path(data_dir)
         folder = data_dir / name
         if not folder.exists():
             create_folder(data_dir, name, spec)
         elif not (folder / MANIFEST).exists():
-            raise NotACollectionError(
+            raise ConflictError(
                 f"{name!r} exists in the data directory but is not an embedpool collection; choose another "
                 "name or remove that folder")
         return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike, name: str) -> "FaissCollection":
-        """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
+        """Open an existing collection (:class:`NotFoundError` if absent)."""
         manifest = collection_manifest(data_dir, name)
         folder = Path(data_dir) / name
         if not (folder / DB_NAME).is_file():
-            raise NotACollectionError(f"collection {name!r} has a manifest but no document store ({DB_NAME}); "
-                                      "restore its folder from a backup, or delete it and index its documents again")
+            raise ConflictError(f"collection {name!r} has a manifest but no document store ({DB_NAME}); "
+                                "restore its folder from a backup, or delete it and index its documents again")
         return cls(Path(data_dir), name, manifest)
 
     @classmethod
@@ -194,7 +187,7 @@ class FaissCollection(CollectionBase):
                 # source and the file's full path) stays in the chained exception, for the log
                 what = (f"its committed file(s) {e} are missing" if isinstance(e, FileNotFoundError)
                         else f"its committed file(s) {', '.join(needed)} are damaged (FAISS cannot read them)")
-                raise CorruptCollectionError(
+                raise InternalError(
                     f"collection {self.name!r} cannot be loaded: {what}; restore the collection's folder from "
                     "a backup, or delete the collection and index its documents again") from e
             break
@@ -220,13 +213,13 @@ class FaissCollection(CollectionBase):
         """
         self._check_open()
         if not (self.folder / MANIFEST).is_file():
-            raise CollectionNotFoundError(f"collection {self.name!r} was deleted")
+            raise NotFoundError(f"collection {self.name!r} was deleted")
         if int(self._probe.get_meta("generation", 0)) == self._gen:
             return False
         with self._wmutex:
             self._check_open()
             if self._db.in_transaction:
-                raise CollectionLockedError(
+                raise ConflictError(
                     f"collection {self.name!r} has uncommitted changes; commit() before refresh()")
             if int(self._db.get_meta("generation", 0)) == self._gen:
                 return False
@@ -237,7 +230,7 @@ class FaissCollection(CollectionBase):
     # ---- writer protocol ----------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise InvalidInputError(f"collection {self.name!r} is closed")
+            raise InvalidError(f"collection {self.name!r} is closed")
 
     def _begin_write(self) -> None:
         """Become the writer: take the folder lock, open the SQLite write transaction, check
@@ -245,13 +238,13 @@ class FaissCollection(CollectionBase):
         if self._db.in_transaction:
             return
         if not self._flock.try_acquire(wait=WRITER_LOCK_WAIT):
-            raise CollectionLockedError(
+            raise ConflictError(
                 f"collection {self.name!r} has uncommitted writes from another process or FaissCollection "
                 "object; commit or close that one first (one writer at a time)")
         try:
             self._db.begin()
             if int(self._db.get_meta("generation", 0)) != self._gen:
-                raise CollectionLockedError(
+                raise ConflictError(
                     f"collection {self.name!r} was changed on disk by another writer since it was "
                     "opened; open it again before writing")
             self._remove_stale_files()
@@ -320,7 +313,7 @@ class FaissCollection(CollectionBase):
                 self._writes += 1
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
+        """Delete documents by id. Any unknown id: :class:`NotFoundError`, nothing deleted."""
         ids = self._check_delete(ids)
         if not ids:
             return
@@ -452,8 +445,8 @@ class FaissCollection(CollectionBase):
         if flt is None:
             return None
         if not self._db.has_fields:
-            raise InvalidInputError(f"collection {self.name!r} was made before metadata filters existed; "
-                                    "index its documents into a new collection to filter them")
+            raise InvalidError(f"collection {self.name!r} was made before metadata filters existed; "
+                               "index its documents into a new collection to filter them")
         key = (flt, self._gen, self._writes)
         with self._filter_lock:
             ids = self._filter_cache.get(key)
@@ -573,7 +566,7 @@ class FaissCollection(CollectionBase):
         with self._rw.read():
             self._check_open()
             if not self._db.has_lexical:
-                raise InvalidInputError(f"collection {self.name!r} has no lexical index")
+                raise InvalidError(f"collection {self.name!r} has no lexical index")
             if flt is not None and not self._db.has_fields:
                 self._matching(flt)  # says why it cannot filter
             share = None if flt is None else self._share(flt)
@@ -608,12 +601,12 @@ class FaissCollection(CollectionBase):
 
     def get(self, id: str) -> dict[str, Any]:
         """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi,
-        float32 ``[n_i, dim]``, dequantized). Unknown id: :class:`DocumentNotFoundError`."""
+        float32 ``[n_i, dim]``, dequantized). Unknown id: :class:`NotFoundError`."""
         self._check_open()
         with self._rw.read():
             found = self._db.lookup_ext([id]) if isinstance(id, str) else {}
             if id not in found:
-                raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
+                raise NotFoundError(f"no document {id!r} in collection {self.name!r}")
             int_id = found[id]
             ext, text, meta = self._db.fetch([int_id])[int_id]
             return {"id": ext, "text": text, "metadata": meta, **self._vec.vectors_of(int_id)}

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidInputError
+from embedpool.errors import InvalidError
 
 KERNELS: dict[str, str] = {
     "numpy": "float32 conversion into a reused buffer + BLAS sgemm (portable)",
@@ -143,9 +143,9 @@ def resolve(kernel: str, precision: str) -> str:
         flags, capability = cpu_features()
         return choose(precision, flags, capability, find_spec("onnxruntime") is not None)[0]
     if kernel not in KERNELS:
-        raise InvalidInputError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}")
+        raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}")
     if kernel in INT8_KERNELS and precision != "int8":
-        raise InvalidInputError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}")
+        raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}")
     return kernel
 
 
@@ -187,9 +187,9 @@ def resolve_scan(scan: str, precision: str) -> str:
         torch_ok = precision == "int8" and int8_units(flags) is not None and int8_matmul_is_exact()
         return choose_scan(precision, flags, torch_ok)[0]
     if scan not in SCANS:
-        raise InvalidInputError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}")
+        raise InvalidError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}", param="scan")
     if scan == "int8" and precision != "int8":
-        raise InvalidInputError(f"the int8 MaxSim scan reads int8 codes, not {precision}")
+        raise InvalidError(f"the int8 MaxSim scan reads int8 codes, not {precision}", param="scan")
     return scan
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import kernels
-from .errors import CorruptCollectionError, InvalidInputError
+from embedpool.errors import InternalError, InvalidError
 
 PRECISIONS = ("float32", "float16", "int8")
 
@@ -59,7 +59,7 @@ def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | No
         scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
         codes = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
         return codes, scales
-    raise InvalidInputError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    raise InvalidError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
@@ -83,7 +83,7 @@ def unpack(buf: bytes, n: int, dim: int, precision: str) -> tuple[np.ndarray, np
     dtype = np.dtype(precision)
     size = n * dim * dtype.itemsize
     if len(buf) != n * bytes_per_vector(dim, precision):
-        raise CorruptCollectionError(f"{len(buf)} bytes are not {n} packed {precision} vectors of dim {dim}")
+        raise InternalError(f"{len(buf)} bytes are not {n} packed {precision} vectors of dim {dim}")
     codes = np.frombuffer(buf, dtype=dtype, count=n * dim).reshape(n, dim)
     scales = np.frombuffer(buf, dtype=np.float32, offset=size) if precision == "int8" else None
     return codes, scales

@@ -26,7 +26,7 @@ import faiss
 import numpy as np
 
 from .durable import fsync_dir, fsync_path, write_durable
-from .errors import CorruptCollectionError, TrainingError
+from embedpool.errors import InternalError, InvalidError
 from .companion import CompanionRows, row_ids
 from .int8scan import doc_norms, maxsim_topk
 from .maxsim import bytes_per_vector, dequantize, gather_docs, quantize
@@ -199,7 +199,7 @@ class Segment:
         first = self.n_docs
         base = int(self._g_offsets.view[-1])
         if base + int(np.sum(lens)) != self._g_codes.n:
-            raise CorruptCollectionError("segment rows and documents disagree")
+            raise InternalError("segment rows and documents disagree")
         self._g_offsets.extend(base + np.cumsum(lens))
         self._g_ids.extend(int_ids)
         self._g_live.extend(np.ones(len(int_ids), bool))
@@ -269,7 +269,7 @@ class Segment:
             comp = z["companion_rows"].astype(np.int64) if "companion_rows" in z.files else None
         if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1 or \
                 (comp is not None and len(comp) != len(doc_ids)):
-            raise CorruptCollectionError(f"segment {seg_id} files disagree on their size")
+            raise InternalError(f"segment {seg_id} files disagree on their size")
         if alive is None:  # every document is live
             live = np.ones(len(doc_ids), bool)
         else:
@@ -444,7 +444,7 @@ class MultiStore(VectorStore):
             store.loc.set(seg.doc_ids[rows], len(store.segments), rows)
             store.segments.append(seg)
         if len(store.loc) != n_live:
-            raise CorruptCollectionError(
+            raise InternalError(
                 f"segments hold {len(store.loc)} of the {n_live} documents of the document store")
         if spec.companion_pooler is not None:
             store.companion = store._load_companion(folder, state)
@@ -464,14 +464,14 @@ class MultiStore(VectorStore):
         ids, counts = [], []
         for seg in self.segments:
             if seg.comp_rows is None:
-                raise CorruptCollectionError(f"segment {seg.seg_id} has no companion row counts")
+                raise InternalError(f"segment {seg.seg_id} has no companion row counts")
             ids.append(seg.doc_ids[seg.live])
             counts.append(seg.comp_rows[seg.live])
         live_rows = row_ids(np.concatenate(ids), np.concatenate(counts)) if ids else np.zeros(0, np.int64)
         try:
             return CompanionRows.load(self.spec.companion_spec(), folder, state, live_rows)
-        except CorruptCollectionError as e:
-            raise CorruptCollectionError(f"companion index: {e}") from None
+        except InternalError as e:
+            raise InternalError(f"companion index: {e}") from None
 
     # ---- writes -------------------------------------------------------------------------
     @property
@@ -624,14 +624,14 @@ class MultiStore(VectorStore):
             sample = self._token_sample(TOKEN_TRAIN_SAMPLE)
             need = min_training_vectors(self.spec.token_factory)
             if len(sample) < need:
-                raise TrainingError(
+                raise InvalidError(
                     f"token index {self.spec.token_factory!r} needs at least {need} token vectors to "
                     f"train; the collection has {len(sample)}. Use mode='exhaustive' or a token_factory "
                     "without training ('HNSW32')")
             try:
                 idx.train(sample)
             except RuntimeError as e:
-                raise TrainingError(f"training token index failed: {_first_line(e)}") from None
+                raise InvalidError(f"training token index failed: {_first_line(e)}") from None
         self.token_index = idx
         self.token_segments = set()
         for seg in self.segments:

@@ -21,7 +21,7 @@ import faiss
 import numpy as np
 
 from .durable import write_durable
-from .errors import CorruptCollectionError, TrainingError
+from embedpool.errors import InternalError, InvalidError
 from .spec import CollectionSpec, _faiss_metric, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
@@ -154,7 +154,7 @@ class SingleStore(VectorStore):
                 return store
             missing = np.setdiff1d(live, stored, assume_unique=True)
             if len(missing):
-                raise CorruptCollectionError(
+                raise InternalError(
                     f"vector index lacks {len(missing)} documents of the document store "
                     f"(e.g. internal id {int(missing[0])})")
             dead = np.setdiff1d(stored, live, assume_unique=True)
@@ -165,7 +165,7 @@ class SingleStore(VectorStore):
             else:
                 store.dead = set(dead.tolist())
         elif idx.ntotal != len(live):
-            raise CorruptCollectionError(
+            raise InternalError(
                 f"vector index holds {idx.ntotal} vectors but the document store {len(live)} documents")
         return store
 
@@ -187,7 +187,7 @@ class SingleStore(VectorStore):
         need = min_training_vectors(self.spec.factory)
         if n < max(need, 1):
             rec = recommended_training_vectors(self.spec.factory)
-            raise TrainingError(
+            raise InvalidError(
                 f"index {self.spec.factory!r} is trained on the first batch added, which must hold "
                 f"at least {need} vectors (FAISS recommends {rec}); this batch has {n}. Add a larger "
                 "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')")
@@ -198,7 +198,7 @@ class SingleStore(VectorStore):
             try:
                 self.index.train(x)
             except RuntimeError as e:
-                raise TrainingError(f"training {self.spec.factory!r} failed: {_first_line(e)}") from None
+                raise InvalidError(f"training {self.spec.factory!r} failed: {_first_line(e)}") from None
         ids = np.asarray(int_ids, dtype=np.int64)
         if self.appendable and not self.full_write:  # kept for the next commit's delta
             rows = self.index.sa_encode(x) if self.ivf_codes else np.array(x, np.float32)

@@ -13,7 +13,8 @@ from embedpool.app.server.auth import AuthMiddleware
 from embedpool.app.server.limits import BodyLimitMiddleware
 from embedpool.app.server.metrics import Metrics, MetricsMiddleware
 from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tei, tokenize
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine
+from embedpool.app.server.state import Collections
 from embedpool.app.settings import Settings
 
 log = logging.getLogger("embedpool.server")

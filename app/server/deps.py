@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine
+from embedpool.app.server.state import Collections
 from embedpool.app.settings import Settings
 
 

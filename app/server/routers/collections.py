@@ -20,7 +20,6 @@ from embedpool import index
 from embedpool.app import retrieval
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_collections, get_engine
-from embedpool.app.server.errors import Conflict, Invalid
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import (
@@ -37,7 +36,9 @@ from embedpool.app.server.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine
+from embedpool.app.server.state import Collections
+from embedpool.errors import ConflictError, InvalidError
 
 log = logging.getLogger("embedpool.server")
 
@@ -57,8 +58,8 @@ def _info(name: str, manifest: dict[str, Any], stats: dict[str, Any] | None = No
 
 def _check_model(engine: Engine, coll: index.CollectionBase) -> None:
     if coll.spec.model and coll.spec.model != engine.embedder.model_id:
-        raise Conflict(f"collection {coll.name!r} holds vectors of model {coll.spec.model!r}, but this "
-                       f"server runs {engine.embedder.model_id!r}; serve that model or use another collection")
+        raise ConflictError(f"collection {coll.name!r} holds vectors of model {coll.spec.model!r}, but this "
+                            f"server runs {engine.embedder.model_id!r}; serve that model or use another collection")
 
 
 async def _open(collections: Collections, engine: Engine, name: str) -> index.CollectionBase:
@@ -76,11 +77,11 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
     try:
         cspec, _ = engine.pooler(body.companion, field="companion") if body.companion != retrieval.AUTO_COMPANION \
             else (body.companion, None)
-    except Invalid:
+    except InvalidError:
         if body.companion in collections.names():  # the older API named a companion collection
-            raise Invalid(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
-                          "vectors itself and writes them with every upsert: send the companion's pooler instead "
-                          "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
+            raise InvalidError(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
+                               "vectors itself and writes them with every upsert: send the companion's pooler instead "
+                               "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
         raise
     cspec, rows = retrieval.resolve_companion(engine.embedder, spec, cspec)
     return dict(companion_pooler=cspec, companion_rows=rows, companion_factory=body.companion_factory,
@@ -90,8 +91,8 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
 def _analyzer(spec: str) -> str:
     try:
         return index.canonical_analyzer(spec)
-    except index.InvalidInputError as e:
-        raise Invalid(f"analyzer: {e}", param="analyzer") from None
+    except InvalidError as e:
+        raise InvalidError(f"analyzer: {e}", param="analyzer") from None
 
 
 # ---------------------------------------------------------------------- collections
@@ -107,13 +108,13 @@ async def create_collection(body: CollectionCreate, response: Response, engine: 
     spec_str, multi = engine.pooler(body.pooler)
     kind = body.kind or ("multi" if multi else "single")
     if multi and kind == "single":
-        raise Invalid(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
-                      "or a single-vector pooler", param="kind")
+        raise InvalidError(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
+                           "or a single-vector pooler", param="kind")
     if not multi and kind == "multi":
-        raise Invalid(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
-                      "or a multi-vector pooler (tokens, cluster)", param="kind")
+        raise InvalidError(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
+                           "or a multi-vector pooler (tokens, cluster)", param="kind")
     if body.companion is not None and kind != "multi":
-        raise Invalid("companion: only multi-vector collections have a companion", param="companion")
+        raise InvalidError("companion: only multi-vector collections have a companion", param="companion")
     engine.check_dimensions(dimensions)
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
@@ -132,7 +133,7 @@ def list_collections(collections: Collections = Depends(get_collections)) -> Any
     for name in collections.names():
         try:
             out.append(_info(name, collections.manifest(name)))
-        except index.CollectionError as exc:
+        except InvalidError as exc:
             log.warning("skipping collection %s: %s", name, exc)
     return {"collections": out}
 
@@ -160,7 +161,7 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
     `{"documents": [...]}`. Committed before the answer."""
     docs = body.documents if isinstance(body, DocumentsIn) else body
     if not docs:
-        raise Invalid("documents: empty list; give at least one {id, text, metadata}", param="documents")
+        raise InvalidError("documents: empty list; give at least one {id, text, metadata}", param="documents")
     texts = [d.text for d in docs]
     check_inputs(texts, engine.settings, "documents")
     coll = await _open(collections, engine, name)

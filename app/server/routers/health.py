@@ -7,7 +7,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_collections, get_engine
 from embedpool.app.server.schemas import Health, Info, PoolerInfo
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine
+from embedpool.app.server.state import Collections
 
 router = APIRouter(tags=["service"])
 

@@ -17,11 +17,11 @@ from starlette.concurrency import run_in_threadpool
 
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
 from embedpool.app.server.limits import check_inputs, check_tokens
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import SimpleToken, TokenizeRequest, TokenizeWindows
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engine
+from embedpool.errors import InvalidError
 
 router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
 
@@ -80,7 +80,7 @@ def _tokenize(encoder: Any, texts: list[str], settings: Any, plan: Any, *, add_s
         rows = encoder.windows(texts, plan, role, truncate=True, prompt_name=prompt_name,
                                truncation_direction=truncation_direction)
     except ValueError as exc:
-        raise Invalid(f"pooler: {exc}", param="pooler") from None
+        raise InvalidError(f"pooler: {exc}", param="pooler") from None
     windows = []
     for row, toks in zip(rows, tokens):
         pos = [i for i, t in enumerate(toks) if "_content" in t]  # content token k is toks[pos[k]]
