@@ -4,10 +4,14 @@ variables, which override the defaults below."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from embedpool.errors import InvalidError
 
 # poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
 # (tests/poolers/test_precision.py checks that the two agree)
@@ -19,7 +23,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
 
     # engine
-    model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
+    model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
+                              "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
     precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
         "auto", description="encoder path; auto = the fastest within the quality bar on this CPU "
         "(see poolers/precision.py)")
@@ -87,10 +92,34 @@ def add_storage_args(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
-    """Settings from the environment, with every CLI flag that was given on top."""
+    """Settings from the environment, with every CLI flag that was given on top (a repeated
+    ``--model`` as ``EMBEDPOOL_MODEL`` spells several: entries separated by commas)."""
     fields = Settings.model_fields
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items()
+             if k in fields and v is not None}
     return Settings(**{**given, **overrides})
+
+
+def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | None]]:
+    """``(name, path or id)`` per ``--model`` value, in order: ``NAME=PATH_OR_ID`` names it, a
+    bare folder or id is named by its last part (``None``: the packaged default model). A string
+    (``EMBEDPOOL_MODEL``) holds its entries separated by commas."""
+    if values is None or isinstance(values, str):
+        values = [v.strip() for v in values.split(",") if v.strip()] if values else [None]
+    out: list[tuple[str, str | None]] = []
+    for value in values:
+        if value and "=" in value and not Path(value).expanduser().exists():
+            name, _, path = value.partition("=")
+            name, path = name.strip(), path.strip()
+            if not name or not path:
+                raise InvalidError(f"--model {value!r}: use NAME=PATH_OR_ID or PATH_OR_ID")
+        else:
+            path = value or None
+            name = Path(value).name if value else "all-MiniLM-L6-v2"
+        if name in (n for n, _ in out):
+            raise InvalidError(f"--model: two models are named {name!r}; name them (NAME=PATH_OR_ID)")
+        out.append((name, path))
+    return out
 
 
 def load_embedder(settings: Settings):
@@ -99,8 +128,6 @@ def load_embedder(settings: Settings):
 
     calibration = None
     if settings.calibration_file:
-        from pathlib import Path
-
         calibration = [t for t in Path(settings.calibration_file).read_text().splitlines() if t.strip()]
     encoder = FrozenEncoder(settings.model, precision=settings.precision,
                             max_batch_tokens=settings.max_batch_tokens, calibration=calibration)

@@ -30,7 +30,7 @@ from embedpool.app.server.cache import VectorCache
 from embedpool.app.server.limits import check_inputs, check_workload
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
-from embedpool.errors import InvalidError, NotFoundError, UnavailableError
+from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
 from embedpool.poolers import EmbedOptions, EmbedResult
 
 if TYPE_CHECKING:
@@ -73,9 +73,13 @@ class Ranking:
 
 
 class Engine:
-    """The embedder, loaded in a background thread, and the batcher in front of it."""
+    """One served model: its embedder, loaded in a background thread, the batcher in front of it
+    (its own queue and limits) and its rerank cache. ``name``: what requests call it by
+    (``model``), ``settings.model`` its path or id."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | None = None,
+                 name: str | None = None) -> None:
+        self.name = name or (embedder.model_id if embedder is not None else settings.model or "default")
         self.settings = settings
         self.metrics = metrics
         self.embedder = embedder
@@ -111,12 +115,12 @@ class Engine:
             embedder.embed(["warm up"], [self.settings.pooler])  # first call builds kernels
         except BaseException as exc:  # noqa: BLE001 - reported by /health
             self.error = f"{type(exc).__name__}: {exc}"
-            log.error("model failed to load: %s", self.error)
+            log.error("model %s failed to load: %s", self.name, self.error)
             return
         self.embedder = embedder
         self.load_seconds = time.perf_counter() - t0
         self._ready()
-        log.info("model %s loaded in %.1fs", embedder.model_id, self.load_seconds)
+        log.info("model %s (%s) loaded in %.1fs", self.name, embedder.model_id, self.load_seconds)
 
     def _ready(self) -> None:
         s = self.settings
@@ -138,10 +142,19 @@ class Engine:
         """The embedder, or 503 while it loads."""
         if self.batcher is None:
             if self.error:
-                raise UnavailableError(f"the model failed to load: {self.error}")
-            raise UnavailableError("the model is still loading; retry shortly (GET /health turns 200 when ready)",
-                                   retry_after=5)
+                raise UnavailableError(f"the model {self.name!r} failed to load: {self.error}")
+            raise UnavailableError(f"the model {self.name!r} is still loading; retry shortly (GET /health turns 200 "
+                                   "when ready)", retry_after=5)
         return self.embedder
+
+    def names(self) -> list[str]:
+        """What a request may call this model: its name, its id and the id's aliases."""
+        from embedpool.poolers.encoder import model_aliases
+
+        if self.embedder is None:
+            return [self.name]
+        model_id = self.embedder.model_id
+        return list(dict.fromkeys([self.name, model_id, *model_aliases(model_id)]))
 
     # ------------------------------------------------------------------ checks
     @property
@@ -298,6 +311,70 @@ class Engine:
         vectors = [v if v is not None else fresh[t] for t, v in zip(texts, docs)]
         scores = await run_in_threadpool(_scores, q_out.vectors[spec][0], vectors, multi, raw_scores)
         return Ranking(scores, np.argsort(-scores, kind="stable"), q_out.usage + d_out.usage)
+
+
+class Engines:
+    """The models a server holds, by name, in the order given; the first is the default.
+
+    A request picks one by ``model`` (its name, its id or an alias of the id); none named: the
+    default. Each engine has its own encoder, batcher (queue) and rerank cache."""
+
+    def __init__(self, engines: list[Engine]) -> None:
+        if not engines:
+            raise InvalidError("serve at least one model (--model)", param="--model")
+        self._engines = {e.name: e for e in engines}
+        self.default = engines[0]
+
+    def __iter__(self):
+        return iter(self._engines.values())
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    @property
+    def status(self) -> str:
+        """``ready`` when every model is, ``failed`` when one failed, else ``loading``."""
+        states = {e.status for e in self}
+        return "ready" if states == {"ready"} else "failed" if "failed" in states else "loading"
+
+    def start(self) -> None:
+        for e in self:
+            e.start()
+
+    def stop(self) -> None:
+        for e in self:
+            e.stop()
+
+    def pick(self, model: str | None, *, lenient: bool = False) -> Engine:
+        """The engine ``model`` names (``None``: the default). An unknown name is a 404 naming the
+        served ones -- except, with ``lenient`` (the OpenAI and Cohere routes, whose clients must
+        send some model name), on a server of one model, which answers every name as it always did."""
+        if model is None:
+            return self.default
+        if model in self._engines:
+            return self._engines[model]
+        for e in self:
+            if model in e.names():
+                return e
+        if lenient and len(self) == 1:
+            return self.default
+        served = ", ".join(repr(n) for n in self._engines)
+        raise NotFoundError(f"model {model!r} is not served here; this server serves {served} (GET /v1/models "
+                            "lists them with their other names)", param="model")
+
+    def for_collection(self, collection: str, model_id: str | None) -> Engine:
+        """The engine of the model a collection's vectors were made with (``model_id``, from its
+        manifest; ``None``: the default): it embeds every write and query of that collection."""
+        if not model_id:
+            return self.default
+        for e in self:
+            e.require()
+            if e.embedder.model_id == model_id:
+                return e
+        served = ", ".join(repr(e.embedder.model_id) for e in self)
+        raise ConflictError(f"collection {collection!r} holds vectors of model {model_id!r}, but this server runs "
+                            f"{served}; serve that model too (--model NAME={model_id}) or use another collection",
+                            param="model")
 
 
 def _scores(query: np.ndarray, docs: list[np.ndarray], multi: bool, raw: bool) -> np.ndarray:

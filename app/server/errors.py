@@ -214,6 +214,8 @@ OPENAI_TYPES: dict[Kind, str] = {
 
 #: Where the TEI-compatible surface is mounted (:mod:`app.server.routers.tei`).
 TEI_PREFIX = "/tei"
+#: Each served model's own TEI surface: ``/models/NAME/tei/...`` (a TEI client's base URL per model)
+MODELS_PREFIX = "/models"
 
 #: TEI's status and ``error_type`` of each kind on the TEI surface. TEI's own six types
 #: (``router/src/lib.rs``: Unhealthy 503, Backend 424, Overloaded 429, Validation 422,
@@ -240,6 +242,9 @@ def tei(err: Reply) -> tuple[int, str]:
 
 
 def _surface(path: str) -> str:
+    if path.startswith(MODELS_PREFIX + "/"):  # /models/NAME/tei/...: that model's TEI surface
+        rest = path.split("/", 3)
+        path = "/" + rest[3] if len(rest) > 3 else path
     if path == TEI_PREFIX or path.startswith(TEI_PREFIX + "/"):
         rest = path[len(TEI_PREFIX):]
         return "tei-openai" if rest.startswith("/v1/") or rest == "/embeddings" else "tei"

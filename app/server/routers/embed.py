@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_engine
+from embedpool.app.server.deps import get_engines
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.output import encode_vectors, output_ranges, sparse_vectors
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
-from embedpool.app.server.engine import Engine
+from embedpool.app.server.engine import Engines
 from embedpool.poolers import EmbedOptions
 
 router = APIRouter(tags=["embeddings"], dependencies=[Depends(require_api_key)])
@@ -24,7 +24,7 @@ ERRORS = {
 
 
 @router.post("/embed", response_model=EmbedResponse | MultiEmbedResponse, responses=ERRORS)
-async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
+async def embed(body: EmbedRequest, request: Request, engines: Engines = Depends(get_engines)) -> JSON:
     """Embed `inputs` with `pooler` (answer: `embeddings`) or with each of `poolers` (answer:
     `results`, one per pooler). Single-vector poolers give one vector per input, multi-vector
     poolers (`tokens`, `cluster`, ...) a list of vectors per input.
@@ -35,6 +35,7 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
     vectors lie in it), or the request's `ranges`. `encoding_format: base64` sends each input's
     codes as one string (little-endian, row-major; multi-vector: `reshape(-1, width)`). A sparse
     pooler (`splade`, for models with an MLM head) gives each input `{indices, values}`."""
+    engine = engines.pick(body.model)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     check_inputs(texts, engine.settings, "inputs")
     if body.poolers is not None:

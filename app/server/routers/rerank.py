@@ -13,10 +13,10 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_engine
+from embedpool.app.server.deps import get_engines
 from embedpool.app.server.responses import JSON, OPENAI_ERROR, ranks
 from embedpool.app.server.schemas import CohereRerankRequest, CohereRerankResponse, Rank, RerankRequest
-from embedpool.app.server.engine import Engine
+from embedpool.app.server.engine import Engines
 from embedpool.poolers import EmbedOptions
 
 router = APIRouter(tags=["rerank"], dependencies=[Depends(require_api_key)])
@@ -32,27 +32,30 @@ ERRORS = {
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS)
-async def rerank(body: RerankRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
+async def rerank(body: RerankRequest, request: Request, engines: Engines = Depends(get_engines)) -> JSON:
     """Rank `texts` by relevance to `query`: a list of `{index, score[, text]}`, best first
     (`index`: the text's position in the request). `pooler` (default `tokens`): a multi-vector
     pooler scores by MaxSim -- the mean over the query's vectors of their best cosine in the
     text, or their sum with `raw_scores` -- a single-vector pooler by cosine. As TEI,
     `truncate` defaults to false: an input over the model's window is refused, not cut."""
     options = EmbedOptions(truncate=body.truncate, truncation_direction=body.truncation_direction)
-    ranking = await engine.rank(request, body.query, body.texts, body.pooler, options, raw_scores=body.raw_scores)
+    ranking = await engines.pick(body.model).rank(request, body.query, body.texts, body.pooler, options,
+                                                  raw_scores=body.raw_scores)
     return JSON(ranks(ranking, body.texts, body.return_text))
 
 
 @router.post("/v1/rerank", response_model=CohereRerankResponse, tags=["openai"],
              responses={s: OPENAI_ERROR for s in (401, 413, 422, 429, 503)})
 @router.post("/v2/rerank", response_model=CohereRerankResponse, tags=["openai"], include_in_schema=False)
-async def cohere_rerank(body: CohereRerankRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
+async def cohere_rerank(body: CohereRerankRequest, request: Request,
+                        engines: Engines = Depends(get_engines)) -> JSON:
     """Cohere's rerank (v1 and v2; also Jina's and Infinity's shape): `{results: [{index,
     relevance_score[, document]}], model, usage}`, best first, the best `top_n`. Scored as
     POST /rerank (`pooler`, default `tokens`: MaxSim); documents longer than the model's
-    window are cut, as Cohere does. `model` is accepted and ignored: the server's model answers.
+    window are cut, as Cohere does. `model` picks a served model (a server of one answers any name).
     Errors in OpenAI's shape."""
     texts = body.texts
+    engine = engines.pick(body.model, lenient=True)
     ranking = await engine.rank(request, body.query, texts, body.pooler, EmbedOptions(truncate=True),
                                 raw_scores=False, field="documents")
     order = ranking.order[:body.top_n] if body.top_n else ranking.order

@@ -176,7 +176,7 @@ async def info(engine: Engine = Depends(get_engine)) -> JSON:
     precision = emb.encoder.precision
     dtype = "bfloat16" if "bf16" in precision else "int8" if "int8" in precision else "float32"
     return JSON({
-        "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": emb.model_id,
+        "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": engine.name,
         "model_type": {"embedding": {"pooling": engine.default_pooler}},
         "max_concurrent_requests": s.max_queue, "max_input_length": emb.encoder.max_length,
         "max_batch_tokens": s.max_batch_tokens, "max_batch_requests": None,
