@@ -16,6 +16,7 @@ from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
 from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError, UnavailableError
 from ..filters import Node, milvus_metadata, to_milvus
+from ..int8scan import maxsim_topk
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name
 from ..validate import topk
@@ -411,8 +412,8 @@ class MilvusCollection(CollectionBase):
     def _search_exhaustive(self, qs: list[np.ndarray], k: int, flt: Node | None = None) -> list[list[Hit]]:
         heads: list[dict] = []
         codes, scales, offsets, doc_ids = self._fetch_codes(None if flt is None else self._matching(flt), heads)
-        scores = maxsim_scores(qs, codes, offsets, scales)
-        return self._hits([topk(s, doc_ids, k) for s in scores], self._head_docs(heads) if flt is not None else None)
+        best = maxsim_topk(qs, codes, offsets, scales, k)  # the int8 scan where the CPU has int8 units
+        return self._hits([topk(s, doc_ids[p], k) for s, p in best], self._head_docs(heads) if flt is not None else None)
 
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
                        flt: Node | None = None) -> list[list[Hit]]:
