@@ -28,6 +28,12 @@ pay for three query codes); ``numpy`` without AVX2 or without ONNX Runtime. Meas
 EPYC Zen 1) and AVX-512 VNNI/BF16 without AMX (Xeon); the AMX decision follows the instruction
 rates and is for ``bench/maxsim.py`` to confirm on such a machine (README "MaxSim kernels").
 
+Exact *top-k* MaxSim (what ``exhaustive`` search and large candidate reranks ask for) has a
+second choice, :func:`choose_scan`: ``int8`` -- the int8 scan of :mod:`index.int8scan`, whose
+proven error bound lets it score only the documents that could be in the top k exactly -- on
+CPUs with int8 dot-product units (AVX-512 VNNI, AVX-VNNI, AMX) where torch's int8 matmul is
+exact; ``exact`` (the kernel above on every document) elsewhere.
+
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
 decision by injecting flags; :func:`cpu_features` reads the real ones (``/proc/cpuinfo`` and,
 where torch is loaded or the flags cannot be read, ``torch.backends.cpu.get_cpu_capability()``).
