@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -414,6 +415,7 @@ class MultiStore(VectorStore):
         self.token_dirty = False
         self._reranked = 0  # candidate documents reranked since the mapped pages were dropped
         self._touched: set[int] = set()  # positions of the segments they were in
+        self._drop_lock = threading.Lock()
 
     # ---- loading ------------------------------------------------------------------------
     @classmethod
@@ -750,13 +752,15 @@ class MultiStore(VectorStore):
                                     norms=seg._norms if seg.committed else None)
             o = np.argsort(at, kind="stable")
             parts.append((sc[o], ids[sel][at[o]]))
-        self._reranked += len(ids)
-        self._touched.update(np.unique(pos).tolist())
-        if self._reranked >= DROP_EVERY_DOCS:  # keep the mapped pages this process holds bounded
-            touched, self._touched, self._reranked = self._touched, set(), 0
-            for p in touched:
-                if p < len(self.segments):
-                    self.segments[p].drop_pages()
+        with self._drop_lock:  # searches run on several threads
+            self._reranked += len(ids)
+            self._touched.update(np.unique(pos).tolist())
+            touched: set[int] = set()
+            if self._reranked >= DROP_EVERY_DOCS:  # keep the mapped pages this process holds bounded
+                touched, self._touched, self._reranked = self._touched, set(), 0
+        for p in touched:
+            if p < len(self.segments):
+                self.segments[p].drop_pages()
         return _merge_topk(parts, k)
 
     def token_candidates(self, queries: Sequence[np.ndarray], k_token: int,
