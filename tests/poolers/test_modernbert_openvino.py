@@ -26,6 +26,7 @@ def modernbert(tmp_path_factory):
     return build(FAMILIES["modernbert"], tmp_path_factory.mktemp("modernbert"), size=Size(layers=4))
 
 
+@pytest.mark.slow  # an OpenVINO conversion: 5-11 s
 def test_the_openvino_graph_gives_nan_on_padding(modernbert):
     """Why the refusal exists (if OpenVINO stops doing this, the refusal can go)."""
     from embedpool.poolers.runtimes import load_openvino
