@@ -18,7 +18,7 @@ that are about to send again): a lone client's request starts at once, and a rou
 closed-loop clients starts as soon as the eighth has arrived.
 
 The event loop only enqueues and awaits (:meth:`Batcher.embed`), so it keeps answering while the
-worker encodes. A full queue raises :class:`Overloaded` (HTTP 429). A cancelled request (client
+worker encodes. A full queue raises :class:`~embedpool.errors.OverloadedError` (HTTP 429). A cancelled request (client
 gone) is skipped if the worker has not reached it yet, and its remaining slices are dropped.
 An input's vector does not depend on what it was batched with (up to float rounding of a
 differently padded batch): per-text pooling only ever reads that text's tokens.
@@ -37,29 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import numpy as np
 
 from embedpool.errors import OverloadedError, UnavailableError
-from embedpool.poolers.pipeline import EmbedOptions, EmbedResult, Tokenized
+from embedpool.poolers.pipeline import EmbedOptions, EmbedResult, Tokenized, Workload
 
 if TYPE_CHECKING:
     from embedpool.poolers import Embedder
 
 log = logging.getLogger("embedpool.batcher")
-
-
-class Overloaded(OverloadedError):
-    """The queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message, retry_after=retry_after)
-
-
-class Stopped(UnavailableError):
-    """The batcher was stopped (server shutting down)."""
-
-    def __init__(self, message: str = "the server is shutting down") -> None:
-        super().__init__(message, retry_after=5)
 
 
 class BatchObserver(Protocol):  # what the server's metrics implement
@@ -70,23 +55,15 @@ class BatchObserver(Protocol):  # what the server's metrics implement
     def on_rejected(self) -> None: ...
 
 
-@dataclass
-class EmbedOutput:
-    """What one request gets back: vectors per canonical pooler spec, in input order, and its
-    usage (the sum of its inputs' ``usage_tokens``)."""
-
-    vectors: dict[str, list[np.ndarray]]
-    multi_vector: dict[str, bool]
-    tokens: int
-
-
 @dataclass(eq=False)
 class Job:
-    """One request in the queue. Two token counts per input, each with one use:
-    ``cost_tokens`` schedules rounds (the tokens it takes through the encoder, all windows of
-    all plans, or an estimate); ``usage_tokens`` is what the request reports (its tokens under
-    the model's standard layout). ``tokenized`` is the tokenization itself (not a count), when
-    the caller measured the request; the worker then does not tokenize it again."""
+    """One request in the queue: its texts, pooler specs and the :class:`EmbedOptions` its
+    caller built, unchanged, and per input two token counts, each with one use:
+    ``cost_tokens`` schedules rounds and is the result's ``tokens`` (the tokens it takes through
+    the encoder, all windows of all plans; an estimate until measured); ``usage_tokens`` is the
+    result's ``usage`` (its tokens under the model's standard layout). ``tokenized`` is the
+    tokenization itself (not a count), when the caller measured the request; the worker then
+    does not tokenize it again."""
 
     texts: list[str]
     specs: list[str]
@@ -134,7 +111,7 @@ class Batcher:
 
     Args:
         embedder: a loaded :class:`poolers.Embedder` (used from the worker thread only).
-        max_queue: inputs that may wait before :meth:`submit` raises :class:`Overloaded`
+        max_queue: inputs that may wait before :meth:`submit` raises :class:`~embedpool.errors.OverloadedError`
             (a request arriving at an empty queue is always admitted).
         max_batch_tokens: estimated tokens the worker takes per round.
         max_wait_ms: the longest the worker waits for more requests before starting a round
@@ -175,7 +152,7 @@ class Batcher:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Fail waiting requests with :class:`Stopped` and end the worker after its round."""
+        """Fail waiting requests with an :class:`~embedpool.errors.UnavailableError` and end the worker after its round."""
         with self._cond:
             self._stopping = True
             pending = list(self._pending)
@@ -184,7 +161,7 @@ class Batcher:
             self._cond.notify_all()
         for job in pending:
             if not job.future.done():
-                job.future.set_exception(Stopped("the server is shutting down"))
+                job.future.set_exception(UnavailableError("the server is shutting down", retry_after=5))
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -193,43 +170,41 @@ class Batcher:
         return self._queued_inputs
 
     # ------------------------------------------------------------------ client side
-    def submit(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None, *,
-               cost_tokens: Sequence[int] | None = None, usage_tokens: Sequence[int] | None = None,
-               tokenized: Sequence[Tokenized] | None = None, **fields: Any) -> Job:
-        """Enqueue a request (thread-safe, never blocks on the encoder); ``options`` (or its
-        fields as keywords) as for :meth:`poolers.Embedder.embed`. If the caller measured it
-        (:meth:`poolers.Embedder.measure`, as the server does for its limits), it passes what
-        that found: ``cost_tokens`` (``Workload.tokens``: each text's tokens over all windows of
-        all plans, so a long text under a windowing pooler fills a round of its own),
-        ``usage_tokens`` (``Workload.counts``: the usage the request reports) and ``tokenized``
-        (the tokenization, which the worker encodes without tokenizing again). Rounds are
-        scheduled by ``cost_tokens``, else ``usage_tokens``, else a cheap estimate."""
-        return self.submit_many([(texts, specs, {"options": options, "cost_tokens": cost_tokens,
-                                                 "usage_tokens": usage_tokens, "tokenized": tokenized,
-                                                 **fields})])[0]
+    def submit(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None,
+               workload: Workload | None = None) -> Job:
+        """Enqueue a request (thread-safe, never blocks on the encoder); ``options`` as for
+        :meth:`poolers.Embedder.embed` (default: the defaults), carried unchanged to the
+        worker. If the caller measured it (:meth:`poolers.Embedder.measure` with the same
+        options, as the server does for its limits), ``workload`` is what that found: each
+        text's tokens over all windows of all plans (rounds are scheduled by them, so a long
+        text under a windowing pooler fills a round of its own), the usage the request reports,
+        and the tokenization, which the worker encodes without tokenizing again. Unmeasured, a
+        request is scheduled by a cheap estimate and measured by the worker."""
+        return self.submit_many([(texts, specs, options, workload)])[0]
 
-    def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], dict[str, Any]]]) -> list[Job]:
+    def submit_many(self, requests: Sequence[tuple[Sequence[str], Sequence[str], EmbedOptions | None,
+                                                   Workload | None]]) -> list[Job]:
         """Enqueue several requests at once, next to each other in the queue, so the worker
         takes them in the same round when they fit its budget (``/rerank``: the query, in the
-        query role, and its texts, as documents). ``requests``: ``(texts, specs, keywords)``
-        with the keyword arguments of :meth:`submit`. All are admitted or none."""
-        jobs = [self._job(texts, specs, **keywords) for texts, specs, keywords in requests]
+        query role, and its texts, as documents). ``requests``: ``(texts, specs, options,
+        workload)`` as :meth:`submit` takes them. All are admitted or none."""
+        jobs = [self._job(*request) for request in requests]
         live = [job for job in jobs if job.texts]
         for job in jobs:
             if not job.texts:
-                job.future.set_result(EmbedOutput({s: [] for s in job.specs}, {}, 0))
+                job.future.set_result(EmbedResult({s: [] for s in job.specs}, {}, 0, list(job.specs), 0))
         if not live:
             return jobs
         n = sum(len(job.texts) for job in live)
         with self._cond:
             if self._stopping:
-                raise Stopped("the server is shutting down")
+                raise UnavailableError("the server is shutting down", retry_after=5)
             if self._queued_inputs and self._queued_inputs + n > self.max_queue:
                 if self.observer:
                     self.observer.on_rejected()
-                raise Overloaded(
+                raise OverloadedError(
                     f"the queue is full ({self._queued_inputs} inputs waiting, limit "
-                    f"{self.max_queue}); retry later", self._retry_after())
+                    f"{self.max_queue}); retry later", retry_after=self._retry_after())
             for job in live:
                 self._pending.append(job)
                 self._queued_tokens += sum(job.cost_tokens)
@@ -239,27 +214,20 @@ class Batcher:
             self._cond.notify()
         return jobs
 
-    def _job(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None, *,
-             cost_tokens: Sequence[int] | None = None, usage_tokens: Sequence[int] | None = None,
-             tokenized: Sequence[Tokenized] | None = None, **fields: Any) -> Job:
+    def _job(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None,
+             workload: Workload | None) -> Job:
         texts = list(texts)
-        options = EmbedOptions.of(options, **fields)
+        options = options if options is not None else EmbedOptions()
+        specs = list(dict.fromkeys(specs))
+        if workload is not None and len(workload.tokenized) == len(texts):
+            return Job(texts, specs, options, list(workload.tokens), list(workload.counts), list(workload.tokenized))
+        cap = self._cap if options.truncate else None
+        return Job(texts, specs, options, [estimate_tokens(t, cap) for t in texts], [0] * len(texts))
 
-        def per_input(values: Sequence | None) -> list | None:
-            return list(values) if values is not None and len(values) == len(texts) else None
-
-        usage = per_input(usage_tokens)
-        tokenized = per_input(tokenized) if usage is not None else None  # measured: both or neither
-        cost = per_input(cost_tokens) or usage
-        if cost is None:
-            cap = self._cap if options.truncate else None
-            cost = [estimate_tokens(t, cap) for t in texts]
-        return Job(texts, list(dict.fromkeys(specs)), options, [int(c) for c in cost],
-                   [int(u) for u in usage] if usage is not None else [0] * len(texts), tokenized)
-
-    async def embed(self, texts: Sequence[str], specs: Sequence[str], **options: Any) -> EmbedOutput:
+    async def embed(self, texts: Sequence[str], specs: Sequence[str], options: EmbedOptions | None = None,
+                    workload: Workload | None = None) -> EmbedResult:
         """Submit and await the result; cancelling the awaiting task drops the request."""
-        job = self.submit(texts, specs, **options)
+        job = self.submit(texts, specs, options, workload)
         try:
             return await asyncio.shield(asyncio.wrap_future(job.future))
         except asyncio.CancelledError:
@@ -397,7 +365,7 @@ class Batcher:
     def _embed_group(self, group: list[_Slice], times: _RoundTimes) -> EmbedResult:
         """One ``embed`` call for the slices of a group (equal options, poolers joined). The
         requests the caller did not measure are measured here first: that one tokenization
-        gives their usage and is what ``embed`` encodes."""
+        gives their tokens and usage and is what ``embed`` encodes."""
         options = group[0].job.options
         specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
         texts = [t for s in group for t in s.job.texts[s.start:s.end]]
@@ -410,6 +378,7 @@ class Batcher:
             for s in group:
                 n = s.end - s.start
                 s.job.usage_tokens[s.start:s.end] = work.counts[offset:offset + n]
+                s.job.cost_tokens[s.start:s.end] = work.tokens[offset:offset + n]
                 offset += n
         t1 = time.perf_counter()
         result = self.embedder.embed(texts, specs, options, tokenized=tokenized)
@@ -433,7 +402,8 @@ class Batcher:
             if job.done == len(job.texts):
                 self._in_round = max(0, self._in_round - 1)  # before its client can send again
                 try:
-                    job.future.set_result(EmbedOutput(job.vectors, job.multi_vector, sum(job.usage_tokens)))
+                    job.future.set_result(EmbedResult(job.vectors, job.multi_vector, sum(job.cost_tokens),
+                                                      job.specs, sum(job.usage_tokens)))
                 except concurrent.futures.InvalidStateError:  # cancelled meanwhile
                     pass
 

@@ -20,14 +20,9 @@ import importlib
 import sys
 import traceback
 
-from embedpool.errors import TABLE, EmbedpoolError, InvalidError, Kind, kind_of
+from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
 
 COMMANDS = ["embed", "index", "search", "serve", "eval", "train_attention", "bench"]
-
-
-class UsageError(InvalidError):
-    """Options that do not go together, or an option the command cannot use: printed as
-    ``embedpool COMMAND: error: ...`` with the exit code of invalid input (2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,14 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedpool.errors import InvalidError, MissingFileError, import_extra
+from embedpool.errors import InvalidError, NotFoundError, import_extra
 
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
-
-
-class DatasetError(InvalidError):
-    """A corpus, query, qrels or STS file that cannot be read as asked; the message names the
-    file and line and says what to change."""
 
 
 @dataclass
@@ -81,9 +76,9 @@ class CorpusSource:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise DatasetError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
+            raise InvalidError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
         if self.path != "-" and not Path(self.path).is_file():
-            raise MissingFileError(f"corpus file {self.path} does not exist")
+            raise NotFoundError(f"corpus file {self.path} does not exist")
 
     @property
     def is_stdin(self) -> bool:
@@ -147,7 +142,7 @@ class CorpusSource:
         lines stay in the slice before them); Parquet needs only its footer, and sizes a slice
         by its row groups' bytes per row. Not for stdin."""
         if self.is_stdin:
-            raise DatasetError("stdin cannot be read in slices; give the corpus as a file")
+            raise InvalidError("stdin cannot be read in slices; give the corpus as a file")
         size = max(1, int(size))
         limit = None if max_bytes is None else max(1, int(max_bytes))
         fmt = self.resolved_format()
@@ -197,7 +192,7 @@ class CorpusSource:
         for n, rec in enumerate(recs, 1):
             yield rec
         if n != s.stop - s.start:
-            raise DatasetError(f"{self.path}: records {s.start}-{s.stop - 1} are no longer where they "
+            raise InvalidError(f"{self.path}: records {s.start}-{s.stop - 1} are no longer where they "
                                "were (the file changed while it was read); rerun the command")
 
     # -- JSON lines / text
@@ -232,17 +227,17 @@ class CorpusSource:
     def _from_mapping(self, obj: dict, fmt: str, where: str) -> Record:
         id_field, text_field, title_field = self._fields(obj.keys(), fmt)
         if id_field not in obj or obj[id_field] is None:
-            raise DatasetError(f"{where}: no id field {id_field!r}; choose one with --id-field")
+            raise InvalidError(f"{where}: no id field {id_field!r}; choose one with --id-field")
         if text_field not in obj:
-            raise DatasetError(f"{where}: no text field {text_field!r}; choose one with --text-field")
+            raise InvalidError(f"{where}: no text field {text_field!r}; choose one with --text-field")
         text = obj[text_field]
         text = "" if text is None else text
         if not isinstance(text, str):
-            raise DatasetError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
+            raise InvalidError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
         if title_field:
             title = obj.get(title_field) or ""
             if not isinstance(title, str):
-                raise DatasetError(f"{where}: field {title_field!r} is not a string")
+                raise InvalidError(f"{where}: field {title_field!r} is not a string")
             text = document_text(title, text)
         meta = obj.get("metadata")
         return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
@@ -257,7 +252,7 @@ class CorpusSource:
         id_field, text_field, title_field = self._fields(names, "parquet")
         for f, flag in ((id_field, "--id-field"), (text_field, "--text-field")):
             if f not in names:
-                raise DatasetError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
+                raise InvalidError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
                                    f"choose one with {flag}")
         cols = [id_field, text_field] + ([title_field] if title_field and title_field in names else [])
         stop = pf.metadata.num_rows if stop is None else stop
@@ -283,10 +278,10 @@ class CorpusSource:
 
     def _from_row(self, id_: Any, text: Any, title: Any, row: int, text_field: str) -> Record:
         if id_ is None:
-            raise DatasetError(f"{self.path}, row {row}: null id")
+            raise InvalidError(f"{self.path}, row {row}: null id")
         text = text or ""
         if not isinstance(text, str):
-            raise DatasetError(f"{self.path}, row {row}: column {text_field!r} is {type(text).__name__}, "
+            raise InvalidError(f"{self.path}, row {row}: column {text_field!r} is {type(text).__name__}, "
                                "expected a string")
         if title is not None:
             text = document_text(title, text)
@@ -321,13 +316,13 @@ def _blank(line: bytes) -> bool:
 def _json_object(line: str, where: str, hint: str = "") -> dict:
     s = line.lstrip()
     if not s.startswith("{"):
-        raise DatasetError(f"{where}: not a JSON object{hint}")
+        raise InvalidError(f"{where}: not a JSON object{hint}")
     try:
         obj = json.loads(s)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+        raise InvalidError(f"{where}: invalid JSON ({e.msg})") from None
     if not isinstance(obj, dict):
-        raise DatasetError(f"{where}: expected a JSON object")
+        raise InvalidError(f"{where}: expected a JSON object")
     return obj
 
 
@@ -343,7 +338,7 @@ def read_texts(stream, where: str) -> list[str]:
             continue
         obj = _json_object(line, f"{where}, line {lineno}")
         if not isinstance(obj.get("text"), str):
-            raise DatasetError(f"{where}, line {lineno}: a JSON line needs a string 'text' field")
+            raise InvalidError(f"{where}, line {lineno}: a JSON line needs a string 'text' field")
         texts.append(obj["text"])
     return texts
 
@@ -385,7 +380,7 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             if n == 0 and not parts[-1].strip().lstrip("-").isdigit():
                 continue  # header
             if len(parts) not in (3, 4) or not parts[-1].strip().lstrip("-").isdigit():
-                raise DatasetError(f"{path}, line {n + 1}: expected 'query-id<TAB>corpus-id<TAB>score' "
+                raise InvalidError(f"{path}, line {n + 1}: expected 'query-id<TAB>corpus-id<TAB>score' "
                                    f"(or TREC's four columns) with an integer score, got {line.strip()!r}")
             qid, did, score = parts[0].strip(), parts[-2].strip(), int(parts[-1])
             if score > 0:
@@ -399,12 +394,12 @@ def load_queries(path: str | Path, keep: Iterable[str] | None = None) -> dict[st
     out = {}
     for where, obj in read_jsonl(path):
         if obj.get("_id") is None:
-            raise DatasetError(f"{where}: no '_id' field")
+            raise InvalidError(f"{where}: no '_id' field")
         qid = str(obj["_id"])
         if wanted is None or qid in wanted:
             text = obj.get("text")
             if text is not None and not isinstance(text, str):
-                raise DatasetError(f"{where}: field 'text' is {type(text).__name__}, expected a string")
+                raise InvalidError(f"{where}: field 'text' is {type(text).__name__}, expected a string")
             out[qid] = text or ""
     return out
 
@@ -420,7 +415,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     folder = Path(folder)
     for need in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
         if not (folder / need).is_file():
-            raise MissingFileError(f"{folder / need} not found: --data expects a BEIR folder with "
+            raise NotFoundError(f"{folder / need} not found: --data expects a BEIR folder with "
                                     f"corpus.jsonl, queries.jsonl and qrels/{split}.tsv")
     qrels = load_qrels(folder / "qrels" / f"{split}.tsv")
     queries = load_queries(folder / "queries.jsonl", keep=qrels)
@@ -467,7 +462,7 @@ def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, fl
     """``(sentence1, sentence2, score)`` of ``<folder>/<split>.tsv``, in file order."""
     path = Path(folder) / f"{split}.tsv"
     if not path.is_file():
-        raise MissingFileError(f"{path} not found: --sts expects a folder with {split}.tsv "
+        raise NotFoundError(f"{path} not found: --sts expects a folder with {split}.tsv "
                                 "(sentence1, sentence2, score)")
     pairs = []
     with open(path, encoding="utf-8", newline="") as f:
@@ -477,14 +472,14 @@ def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, fl
         try:
             a, b, s = cols["sentence1"], cols["sentence2"], cols["score"]
         except KeyError:
-            raise DatasetError(f"{path}: the header must name sentence1, sentence2 and score") from None
+            raise InvalidError(f"{path}: the header must name sentence1, sentence2 and score") from None
         for row in reader:
             if not row:
                 continue
             try:
                 pairs.append((row[a], row[b], float(row[s])))
             except (IndexError, ValueError):
-                raise DatasetError(f"{path}, line {reader.line_num}: expected sentence1, sentence2 and a "
+                raise InvalidError(f"{path}, line {reader.line_num}: expected sentence1, sentence2 and a "
                                    f"numeric score, got {row!r}") from None
     return pairs
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedpool.poolers import Tokenized
+from embedpool.poolers import EmbedOptions, Tokenized
 
 
 @dataclass
@@ -37,13 +37,13 @@ class TimedEmbedding:
     tokens: int
 
 
-def embed_by_plan(embedder, texts: list[str], specs: list[str], role: str, *, normalize: bool = True,
-                  dimensions: int | None = None, on_batch: Callable[[int, int], None] | None = None,
+def embed_by_plan(embedder, texts: list[str], specs: list[str], options: EmbedOptions, *,
+                  on_batch: Callable[[int, int], None] | None = None,
                   tokenized: list[Tokenized] | None = None) -> TimedEmbedding:
-    """Embed ``texts`` with every spec: one ``Embedder.embed`` call (= one forward pass) per
-    tokenization plan, timed per spec (see :class:`TimedEmbedding`). ``tokenized``: the texts as
-    ``Embedder.measure`` tokenized them (for ``role`` and the default options), not tokenized
-    again."""
+    """Embed ``texts`` with every spec under ``options``: one ``Embedder.embed`` call (= one
+    forward pass) per tokenization plan, timed per spec (see :class:`TimedEmbedding`).
+    ``tokenized``: the texts as ``Embedder.measure`` tokenized them (with the same options),
+    not tokenized again."""
     groups: dict[str, list[str]] = {}
     for s in dict.fromkeys(specs):
         groups.setdefault(embedder.pooler(s).plan.key, []).append(s)
@@ -55,8 +55,7 @@ def embed_by_plan(embedder, texts: list[str], specs: list[str], role: str, *, no
             own[spec] += seconds
 
         t0 = time.perf_counter()
-        res = embedder.embed(texts, poolers=group, role=role, normalize=normalize,
-                             dimensions=dimensions, on_batch=on_batch, on_pool=on_pool, tokenized=tokenized)
+        res = embedder.embed(texts, group, options, on_batch=on_batch, on_pool=on_pool, tokenized=tokenized)
         shared = max(time.perf_counter() - t0 - sum(own.values()), 0.0)
         for s in group:
             out.vectors[s] = res.vectors[s]

@@ -47,10 +47,9 @@ from embedpool.app.datasets import Record
 from embedpool.app.encoding import embed_by_plan
 from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
-from embedpool.errors import InvalidError
-from embedpool.index import (CollectionError, CollectionNotFoundError, CollectionSpec, bytes_per_vector,
-                             canonical_analyzer, open_collection)
-from embedpool.poolers import Tokenized
+from embedpool.errors import InvalidError, NotFoundError
+from embedpool.index import CollectionSpec, bytes_per_vector, canonical_analyzer, open_collection
+from embedpool.poolers import EmbedOptions, Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
 JOB_VERSION = 1
@@ -60,12 +59,10 @@ BATCH_TOKENS = 65_536
 #: default bytes of vectors added between two commits (what the pending segments hold)
 COMMIT_BYTES = 256 << 20
 #: records (and characters) tokenized in one tokenizer call, before they are cut into calls
+#: the options of a job that names none: documents, normalized, at the model's full size
+DOCUMENT = EmbedOptions(role="document")
 MEASURE_RECORDS = 64
 MEASURE_CHARS = 1 << 20
-
-
-class IndexJobError(InvalidError):
-    """A user-facing error of the indexing job (bad corpus, changed settings, ...)."""
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -184,11 +181,11 @@ class IndexJob:
                  store_text: bool = True, progress: bool = True, log: Callable[[str], None] | None = None,
                  backend: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
         if not poolers:
-            raise IndexJobError("give at least one --pooler")
+            raise InvalidError("give at least one --pooler", param="--pooler")
         for flag, value in (("--commit-every", commit_every), ("--commit-bytes", commit_bytes),
                             ("--batch-tokens", batch_tokens), ("--batch-docs", batch_docs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise IndexJobError(f"{flag} must be a whole number >= 1, got {value!r}")
+                raise InvalidError(f"{flag} must be a whole number >= 1, got {value!r}", param=flag)
         embedder.check_dimensions(dimensions)
         self.embedder = embedder
         self.data_dir = Path(data_dir)
@@ -199,15 +196,15 @@ class IndexJob:
         self.commit_bytes = int(commit_bytes)
         self.batch_tokens = int(batch_tokens)
         self.batch_docs = int(min(batch_docs, commit_every))
-        self.dimensions = dimensions
-        self.normalize = normalize
+        # the one options object of every embedding call of the job, built here from its arguments
+        self.options = EmbedOptions(role="document", normalize=normalize, dimensions=dimensions)
         self.store_text = store_text
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         try:
             analyzer = canonical_analyzer(analyzer)
-        except CollectionError as e:
-            raise IndexJobError(f"--analyzer: {e}") from None
+        except InvalidError as e:
+            raise InvalidError(f"--analyzer: {e}", param="--analyzer") from None
         self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory,
                                    analyzer=analyzer)
 
@@ -225,7 +222,7 @@ class IndexJob:
                 try:
                     t.companion = resolve_companion(embedder, t.spec, companion)
                 except InvalidError as e:
-                    raise IndexJobError(f"--companion: {e}") from None
+                    raise InvalidError(f"--companion: {e}", param="--companion") from None
         engine = {"model": embedder.model_id,
                   "encoder_precision": embedder.encoder.precision,
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
@@ -240,14 +237,14 @@ class IndexJob:
 
     # -- collections
     def collection_spec(self, t: Target) -> CollectionSpec:
-        dim = self.embedder.output_dim(t.spec, self.dimensions)
-        normalized = self.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
+        dim = self.embedder.output_dim(t.spec, self.options.dimensions)
+        normalized = self.options.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
                       encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
         if t.multi:
             comp = {} if t.companion is None else dict(
                 companion_pooler=t.companion[0], companion_rows=t.companion[1],
-                companion_dim=self.embedder.output_dim(t.companion[0], self.dimensions),
+                companion_dim=self.embedder.output_dim(t.companion[0], self.options.dimensions),
                 companion_factory=self.index_settings["factory"])
             return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
                                   token_factory=self.index_settings["token_factory"], **comp, **common)
@@ -262,7 +259,7 @@ class IndexJob:
                 if state is not None:
                     diffs = _diff_settings(state.get("settings", {}), t.settings)
                     if diffs:
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"collection {t.name!r} was indexed with different settings ({'; '.join(diffs)}); "
                             "rerun with the original settings to continue it, or use another --collection "
                             "name (or delete the collection)")
@@ -272,7 +269,7 @@ class IndexJob:
                 state = states[t.spec]
                 if state is None:
                     if len(t.coll):
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"collection {t.name!r} already holds {len(t.coll)} documents that were not "
                             "written by `embedpool index`; use another --collection name or delete it")
                     self._commit(t)
@@ -287,7 +284,7 @@ class IndexJob:
     def _read_state(self, t: Target) -> dict | None:
         try:
             coll = open_collection(self.data_dir, t.name, **self._where)
-        except CollectionNotFoundError:
+        except NotFoundError:
             return None
         try:
             raw = coll.get_property(JOB_PROPERTY)
@@ -296,8 +293,8 @@ class IndexJob:
         try:
             return None if raw is None else json.loads(raw)
         except json.JSONDecodeError as e:
-            raise IndexJobError(f"job state of collection {t.name!r} is unreadable ({e}); delete "
-                                "the collection to start over") from None
+            raise InvalidError(f"job state of collection {t.name!r} is unreadable ({e}); delete "
+                               "the collection to start over") from None
 
     def _commit(self, t: Target) -> None:
         """Commit ``t``'s collection together with the job state that says what it holds."""
@@ -362,7 +359,7 @@ class IndexJob:
                     self._write(block)
                 for t in self.targets.values():
                     if t.committed > self.records_read:
-                        raise IndexJobError(
+                        raise InvalidError(
                             f"the corpus has {self.records_read} records but collection {t.name!r} "
                             f"already holds {t.committed} of an earlier run; it is not the same corpus")
                 with guard.critical():
@@ -385,7 +382,7 @@ class IndexJob:
         return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
                 "specs": self.specs,
                 "checks": {t.committed - 1: (t.last_id, t.name) for t in self.targets.values() if t.committed > 0},
-                "normalize": self.normalize, "dimensions": self.dimensions}
+                "options": self.options}
 
     @property
     def specs(self) -> list[str]:
@@ -407,7 +404,7 @@ class IndexJob:
                 if pos >= start:
                     yield pos, rec
 
-        for call in token_calls(self.embedder, todo(), self.specs, batch_tokens=self.batch_tokens,
+        for call in token_calls(self.embedder, todo(), self.specs, self.options, batch_tokens=self.batch_tokens,
                                 batch_docs=self.batch_docs):
             yield self._embed_call(call)
 
@@ -427,8 +424,7 @@ class IndexJob:
                     self._bar.update(step)
 
         return embed_records(self.embedder, [m for m in call if m.pos >= first], end, call[-1].record.id,
-                             _specs(active), normalize=self.normalize,
-                             dimensions=self.dimensions, on_batch=on_batch)
+                             _specs(active), self.options, on_batch=on_batch)
 
     def _write(self, block: "EmbeddedBlock") -> None:
         """Add one embedded block to every collection that does not hold it yet (a block the
@@ -548,7 +544,7 @@ class EmbeddedBlock:
 def check_position(pos: int, rec: Record, expected_id: str | None, collection: str) -> None:
     """The record at a committed position must still be the one indexed there."""
     if rec.id != expected_id:
-        raise IndexJobError(
+        raise InvalidError(
             f"the corpus changed since collection {collection!r} was indexed: record {pos} is {rec.id!r}, "
             f"it was {expected_id!r}; use another --collection name (or delete the collection) to index "
             "this corpus")
@@ -565,17 +561,18 @@ class Measured:
     tokens: int = 0
 
 
-def token_calls(embedder, items: Iterable[tuple[int, Record]], specs: list[str], *, batch_tokens: int,
-                batch_docs: int) -> Iterator[list[Measured]]:
+def token_calls(embedder, items: Iterable[tuple[int, Record]], specs: list[str], options: EmbedOptions = DOCUMENT,
+                *, batch_tokens: int, batch_docs: int) -> Iterator[list[Measured]]:
     """``(position, record)`` items cut into embedding calls of at most ``batch_tokens`` tokens
-    -- every plan the ``specs`` need, counted after windowing -- and ``batch_docs`` records; a
+    -- every plan the ``specs`` need, counted after windowing, tokenized with ``options`` (the
+    job's) -- and ``batch_docs`` records; a
     record over the budget is a call of its own (the encoder forwards its windows a token-budget
     batch at a time). Records are tokenized a group at a time and each call reuses their rows,
     so nothing is tokenized twice. The same cut in this process and on a Ray worker."""
     call: list[Measured] = []
     tokens = 0
     for group in _measure_groups(items, min(MEASURE_RECORDS, batch_docs), min(MEASURE_CHARS, 4 * batch_tokens)):
-        for m in _measure(embedder, group, specs):
+        for m in _measure(embedder, group, specs, options):
             if call and tokens + m.tokens > batch_tokens:
                 yield call
                 call, tokens = [], 0
@@ -604,20 +601,20 @@ def _measure_groups(items: Iterable[tuple[int, Record]], records: int,
         yield group
 
 
-def _measure(embedder, group: list[tuple[int, Record]], specs: list[str]) -> list[Measured]:
+def _measure(embedder, group: list[tuple[int, Record]], specs: list[str], options: EmbedOptions) -> list[Measured]:
     try:
-        w = embedder.measure([r.text for _, r in group], specs, role="document")
+        w = embedder.measure([r.text for _, r in group], specs, options)
     except InvalidError as e:
-        raise IndexJobError(f"{_culprit(group)}: {e}") from e
+        raise InvalidError(f"{_culprit(group)}: {e}") from e
     return [Measured(p, r, tok, n) for (p, r), tok, n in zip(group, w.tokenized, w.tokens)]
 
 
-def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs: list[str], *,
-                  normalize: bool = True, dimensions: int | None = None,
+def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs: list[str],
+                  options: EmbedOptions = DOCUMENT, *,
                   on_batch: Callable[[int, int], None] | None = None) -> EmbeddedBlock:
-    """Embed one call's records (from :func:`token_calls`) with every spec -- the same code in
-    this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
-    fails the call with an :class:`IndexJobError` naming it."""
+    """Embed one call's records (from :func:`token_calls`, with the same ``options``) with every
+    spec -- the same code in this process and on a Ray worker -- reusing their tokenization. A record the encoder refuses
+    fails the call with an :class:`InvalidError` naming it."""
     last_of: dict[str, int] = {}  # duplicate ids inside one call: the last one wins (as a later upsert would)
     for j, m in enumerate(recs):
         last_of[m.record.id] = j
@@ -627,10 +624,10 @@ def embed_records(embedder, recs: list[Measured], end: int, last_id: str, specs:
         return EmbeddedBlock([], [], [], [], {s: [] for s in specs}, {}, 0, end, last_id, len(recs))
     tokenized = [m.tokenized for m in keep]
     try:
-        emb = embed_by_plan(embedder, texts, specs, "document", normalize=normalize, dimensions=dimensions,
-                            on_batch=on_batch, tokenized=None if None in tokenized else tokenized)
+        emb = embed_by_plan(embedder, texts, specs, options, on_batch=on_batch,
+                            tokenized=None if None in tokenized else tokenized)
     except InvalidError as e:
-        raise IndexJobError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
+        raise InvalidError(f"{_culprit([(m.pos, m.record) for m in keep])}: {e}") from e
     return EmbeddedBlock([m.pos for m in keep], [m.record.id for m in keep], texts,
                          [m.record.metadata for m in keep], emb.vectors, emb.seconds, emb.tokens, end, last_id,
                          len(recs))

@@ -43,29 +43,21 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from embedpool.app.datasets import CorpusSlice, CorpusSource, Record
-from embedpool.app.indexing import (
-    EmbeddedBlock,
-    IndexJob,
-    IndexJobError,
-    check_position,
-    embed_records,
-    token_calls,
-)
-from embedpool.errors import EmbedpoolError, InternalError, UnavailableError, import_extra
+from embedpool.app.indexing import EmbeddedBlock, IndexJob, check_position, embed_records, token_calls
+from embedpool.errors import EmbedpoolError, InternalError, InvalidError, UnavailableError, import_extra
+
+if TYPE_CHECKING:
+    from embedpool.poolers import EmbedOptions
 
 
 #: bytes of a corpus file taken for one token when read tasks are cut (English text has ~4-5
 #: characters a token; the worker cuts its block by counted tokens again)
 BYTES_PER_TOKEN = 4
-
-
-class RayJobError(UnavailableError):
-    """The Ray job failed for a reason of Ray's (a worker died, the cluster went away)."""
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -128,7 +120,7 @@ class EmbedWorker:
     """A Ray Data actor: one encoder, ``threads`` torch threads; embeds a block per call and, in
     worker-write mode, upserts its rows into the collections itself."""
 
-    def __init__(self, settings: dict, specs: list[str], normalize: bool, dimensions: int | None,
+    def __init__(self, settings: dict, specs: list[str], options: EmbedOptions,
                  threads: int, write: dict | None, model: tuple[str, int], batch_tokens: int,
                  batch_docs: int) -> None:
         import torch
@@ -138,11 +130,11 @@ class EmbedWorker:
         torch.set_num_threads(threads)
         self.embedder = load_embedder(Settings(**settings))
         if (self.embedder.model_id, self.embedder.dim) != tuple(model):
-            raise _keep_message(IndexJobError(
+            raise _keep_message(InvalidError(
                 f"a Ray worker on {os.uname().nodename} loaded model {self.embedder.model_id!r} (dim "
                 f"{self.embedder.dim}), the driver {model[0]!r} (dim {model[1]}); install the same model "
                 "on every node"))
-        self.specs, self.normalize, self.dimensions = specs, normalize, dimensions
+        self.specs, self.options = specs, options
         self.batch_tokens, self.batch_docs = batch_tokens, batch_docs
         self.write = write
         self.colls: dict[str, Any] = {}
@@ -161,10 +153,10 @@ class EmbedWorker:
                 recs = [(cols["pos"][j], Record(cols["id"][j], _text(cols["text"][j]),
                                                 json.loads(cols["metadata"][j]) if cols["metadata"][j] else None))
                         for j, x in enumerate(cols["slice"]) if x == k]
-                for n, call in enumerate(token_calls(self.embedder, recs, self.specs,
+                for n, call in enumerate(token_calls(self.embedder, recs, self.specs, self.options,
                                                      batch_tokens=self.batch_tokens, batch_docs=self.batch_docs)):
                     block = embed_records(self.embedder, call, call[-1].pos + 1, call[-1].record.id, self.specs,
-                                          normalize=self.normalize, dimensions=self.dimensions)
+                                          self.options)
                     if self.write:
                         self._write(block)
                     yield _to_table((k, n), block, self.specs, shipped=not self.write)
@@ -245,7 +237,7 @@ def _keep_message(e: EmbedpoolError) -> EmbedpoolError:
 
 def _unwrap(e: BaseException) -> BaseException:
     """What a Ray task raised, out of Ray's wrappers (an embedpool error with its own message);
-    a :class:`RayJobError` when Ray itself failed (a worker died, the cluster went away)."""
+    a :class:`UnavailableError` when Ray itself failed (a worker died, the cluster went away)."""
     from ray.exceptions import RayError
 
     seen, c, found = set(), e, None
@@ -258,9 +250,9 @@ def _unwrap(e: BaseException) -> BaseException:
         c = cause if isinstance(cause, BaseException) else c.__cause__
     if found is None:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return RayJobError(f"the Ray job failed ({type(e).__name__}: {first}); Ray's logs are in "
-                           "/tmp/ray/session_latest/logs on each node; rerun the same command to continue "
-                           "after the last commit")
+        return UnavailableError(f"the Ray job failed ({type(e).__name__}: {first}); Ray's logs are in "
+                                "/tmp/ray/session_latest/logs on each node; rerun the same command to continue "
+                                "after the last commit")
     msg = getattr(found, "embedpool_message", None)
     if msg is not None:
         found.args = (msg,)
@@ -298,9 +290,9 @@ def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, ad
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
     import_extra("ray", "ray", "--engine ray")
     if source.is_stdin:
-        raise IndexJobError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
+        raise InvalidError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
     if workers < 1:
-        raise IndexJobError("--workers must be >= 1")
+        raise InvalidError("--workers must be >= 1")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
     engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}
@@ -352,7 +344,7 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: 
     ctx.print_on_execution_start = False
     ctx.raise_original_map_exception = True  # a worker's own error, not "UDF failed to process a data block"
     specs = work["specs"]
-    shapes = {s: (job.embedder.output_dim(s, job.dimensions), bool(job.embedder.pooler(s).multi_vector))
+    shapes = {s: (job.embedder.output_dim(s, job.options.dimensions), bool(job.embedder.pooler(s).multi_vector))
               for s in specs}
     env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     # one block per read task: Ray would otherwise split blocks to reach its default parallelism
@@ -361,8 +353,8 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: 
     ds = ds.map_batches(
         EmbedWorker, batch_size=None, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=workers),
-        fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, normalize=work["normalize"],
-                                   dimensions=work["dimensions"], threads=threads, write=writes,
+        fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, options=work["options"],
+                                   threads=threads, write=writes,
                                    model=(job.embedder.model_id, job.embedder.dim),
                                    batch_tokens=work["batch_tokens"], batch_docs=work["batch_docs"]),
         num_cpus=threads, runtime_env={"env_vars": env})

@@ -33,25 +33,16 @@ import numpy as np
 from embedpool.errors import InvalidError
 from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
                              maxsim_scores, parse_filter)
-from embedpool.poolers import build_pooler
-
-class RetrievalError(InvalidError):
-    """A search that cannot run as asked (no companion for two_stage, unknown mode, ...)."""
+from embedpool.poolers import EmbedOptions, build_pooler
 
 
 @dataclass(frozen=True)
 class Embedding:
-    """How texts are embedded for one collection (hashable: a key of embedded vectors)."""
+    """How texts are embedded for one collection: a pooler and the :class:`poolers.EmbedOptions`
+    of its ``embed`` call (hashable: a key of embedded vectors)."""
 
     pooler: str
-    normalize: bool = True
-    dimensions: int | None = None
-    role: str = "query"
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The ``embed`` keyword arguments besides the poolers."""
-        return {"role": self.role, "normalize": self.normalize, "dimensions": self.dimensions}
+    options: EmbedOptions = EmbedOptions(role="query")
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,13 +65,14 @@ def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], 
         own = spec.dim
     if own is not None:
         if own != spec.dim:
-            raise RetrievalError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "
-                                 f"{own}; it was made by another embedpool version or by hand", param="collection")
-        return Embedding(spec.pooler, bool(spec.normalized), None, role)
+            raise InvalidError(f"the collection stores {spec.dim}-d vectors but pooler {spec.pooler!r} gives "
+                               f"{own}; it was made by another embedpool version or by hand", param="collection")
+        return Embedding(spec.pooler, EmbedOptions(role=role, normalize=bool(spec.normalized)))
     if spec.dim > model_dim:
-        raise RetrievalError(f"the collection stores {spec.dim}-d vectors but the model gives {model_dim}; "
-                             "search it with the model that made it", param="collection")
-    return Embedding(spec.pooler, bool(spec.normalized), None if spec.dim == model_dim else spec.dim, role)
+        raise InvalidError(f"the collection stores {spec.dim}-d vectors but the model gives {model_dim}; "
+                           "search it with the model that made it", param="collection")
+    return Embedding(spec.pooler, EmbedOptions(role=role, normalize=bool(spec.normalized),
+                                               dimensions=None if spec.dim == model_dim else spec.dim))
 
 
 #: the companion a multi-vector collection gets when none is named: one ``mean`` row per window
@@ -102,7 +94,7 @@ def resolve_companion(embedder, pooler: str, companion: str | None) -> tuple[str
     cp = embedder.pooler(companion)
     per_window = bool(getattr(cp, "per_window", False))
     if cp.multi_vector and not per_window:
-        raise RetrievalError(
+        raise InvalidError(
             f"companion pooler {companion!r} gives several vectors per text; a companion is a single-vector "
             "pooler (mean, fde) or its per-window form (mean:per_window=true: one row per window of a document)",
             param="companion")
@@ -129,13 +121,13 @@ def document_embeddings(spec: CollectionSpec,
 def vector_mode(mode: str, hybrid_mode: str = "exhaustive") -> str | None:
     """The vector mode a search in ``mode`` runs (``hybrid``: ``hybrid_mode``; ``bm25``: none)."""
     if mode not in ALL_MODES:
-        raise RetrievalError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}", param="mode")
+        raise InvalidError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}", param="mode")
     if mode == "bm25":
         return None
     if mode == "hybrid":
         if hybrid_mode not in SEARCH_MODES:
-            raise RetrievalError(f"vector_mode {hybrid_mode!r}: hybrid fuses BM25 with one of "
-                                 f"{', '.join(SEARCH_MODES)}", param="vector_mode")
+            raise InvalidError(f"vector_mode {hybrid_mode!r}: hybrid fuses BM25 with one of "
+                               f"{', '.join(SEARCH_MODES)}", param="vector_mode")
         return hybrid_mode
     return mode
 
@@ -147,19 +139,18 @@ def companion_name(spec: CollectionSpec, mode: str, name: str = "", hybrid_mode:
     if spec.kind != "multi" or mode != "two_stage" or spec.companion_pooler is not None:
         return None
     if not spec.companion:
-        raise RetrievalError(f"mode: collection {name!r} has no companion for two_stage; create it with one "
-                             "(the 'companion' pooler of POST /collections, --companion of embedpool index), or "
-                             "use mode 'exhaustive' or 'tokens'", param="mode")
+        raise InvalidError(f"mode: collection {name!r} has no companion for two_stage; create it with one "
+                           "(the 'companion' pooler of POST /collections, --companion of embedpool index), or "
+                           "use mode 'exhaustive' or 'tokens'", param="mode")
     return spec.companion
 
 
-def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[dict[str, Any], list[str]]]:
+def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[EmbedOptions, list[str]]]:
     """``(options, poolers)`` per ``embed`` call: the embeddings that share options in one."""
-    calls: dict[tuple, tuple[dict[str, Any], list[str]]] = {}
+    calls: dict[EmbedOptions, list[str]] = {}
     for e in dict.fromkeys(embeddings):
-        opts = e.options
-        calls.setdefault(tuple(opts.items()), (opts, []))[1].append(e.pooler)
-    return list(calls.values())
+        calls.setdefault(e.options, []).append(e.pooler)
+    return list(calls.items())
 
 
 Vectors = dict[Embedding, list[np.ndarray]]
@@ -167,14 +158,15 @@ Vectors = dict[Embedding, list[np.ndarray]]
 
 def embed_texts(embed: Callable[..., Any], texts: Sequence[str],
                 embeddings: Iterable[Embedding]) -> tuple[Vectors, int]:
-    """Embed ``texts`` for every embedding with ``embed(texts, poolers, **options)`` (an
-    ``Embedder.embed``); returns the vectors per embedding and the tokens encoded."""
+    """Embed ``texts`` for every embedding with ``embed(texts, poolers, options)`` (an
+    ``Embedder.embed``); returns the vectors per embedding and the usage (the texts' tokens,
+    once per call)."""
     out: Vectors = {}
     tokens = 0
     for opts, poolers in embedding_calls(embeddings):
-        res = embed(list(texts), poolers, **opts)
-        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
-        tokens += res.tokens
+        res = embed(list(texts), poolers, opts)
+        out.update({Embedding(p, opts): res.vectors[p] for p in poolers})
+        tokens += res.usage
     return out, tokens
 
 
@@ -184,9 +176,9 @@ async def aembed_texts(embed: Callable[..., Awaitable[Any]], texts: Sequence[str
     out: Vectors = {}
     tokens = 0
     for opts, poolers in embedding_calls(embeddings):
-        res = await embed(list(texts), poolers, **opts)
-        out.update({Embedding(p, **opts): res.vectors[p] for p in poolers})
-        tokens += res.tokens
+        res = await embed(list(texts), poolers, opts)
+        out.update({Embedding(p, opts): res.vectors[p] for p in poolers})
+        tokens += res.usage
     return out, tokens
 
 
@@ -226,8 +218,8 @@ class Search:
         self.filter = parse_filter(self.filter)  # a bad filter fails before anything is embedded
         vmode = vector_mode(self.mode, self.vector_mode)
         if self.mode in LEXICAL_MODES and not self.collection.spec.lexical:
-            raise RetrievalError(f"mode {self.mode}: collection {self.collection.name!r} has no lexical index (its "
-                                 "analyzer is 'none', or it was made before BM25 existed)", param="mode")
+            raise InvalidError(f"mode {self.mode}: collection {self.collection.name!r} has no lexical index (its "
+                               "analyzer is 'none', or it was made before BM25 existed)", param="mode")
         if self.mode == "hybrid" and self.weight == 0:
             vmode = None  # BM25 alone: nothing to embed
         self._vmode = vmode
@@ -235,8 +227,8 @@ class Search:
         if need is None:
             self.companion = None
         elif self.companion is None:
-            raise RetrievalError(f"mode two_stage on {self.collection.name!r} needs its companion "
-                                 f"collection {need!r} opened", param="mode")
+            raise InvalidError(f"mode two_stage on {self.collection.name!r} needs its companion "
+                               f"collection {need!r} opened", param="mode")
         spec = self.collection.spec
         self.query = None if vmode is None else collection_embedding(spec, self.model_dim)
         own = vmode == "two_stage" and self.multi and spec.companion_pooler is not None
@@ -267,7 +259,7 @@ class Search:
         kw: dict[str, Any] = {"k": self.k, "filter": self.filter}
         if self.lexical:
             if texts is None:
-                raise RetrievalError(f"mode {self.mode} needs the query texts", param="mode")
+                raise InvalidError(f"mode {self.mode} needs the query texts", param="mode")
             kw.update(mode=self.mode, texts=take(texts), fusion=self.fusion, weight=self.weight,
                       vector_mode=self._vmode or "exhaustive")
             if self.query is None:

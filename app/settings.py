@@ -4,10 +4,14 @@ variables, which override the defaults below."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from embedpool.errors import InvalidError
 
 # poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
 # (tests/poolers/test_precision.py checks that the two agree)
@@ -19,7 +23,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
 
     # engine
-    model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2")
+    model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
+                              "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
     precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
         "auto", description="encoder path; auto = the fastest within the quality bar on this CPU "
         "(see poolers/precision.py)")
@@ -29,14 +34,14 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(2048, ge=64, description="token budget of one forward batch and of one batcher "
                                   "round (small batches stay in cache: faster on small CPUs than 16384)")
     # storage
-    data_dir: str = "./data"
-    backend: Literal["faiss", "milvus"] = "faiss"
-    milvus_uri: str = "./milvus.db"
-    milvus_token: str | None = None
+    data_dir: str = Field("./data", description="folder of the FAISS collections")
+    backend: Literal["faiss", "milvus"] = Field("faiss", description="vector store: faiss (folders under data_dir) or milvus")
+    milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
+    milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
     # service
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
+    host: str = Field("127.0.0.1", description="address the HTTP service listens on")
+    port: int = Field(8000, description="port of the HTTP service")
+    api_key: str | None = Field(None, description="if set, every route but /health, /metrics, /docs and the playground needs Authorization: Bearer KEY")
     max_client_batch: int = Field(512, ge=1, description="most inputs in one request")
     max_input_chars: int = Field(100_000, ge=1, description="longest single input, in characters")
     max_payload_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
@@ -55,7 +60,7 @@ class Settings(BaseSettings):
     rerank_cache_mb: int = Field(256, ge=0, description="memory for the document vectors /rerank keeps (least "
                                  "recently used first out); reranked candidates often recur; 0 = off")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="server log level")
 
     def store(self) -> dict[str, Any]:
         """Where collections live: the ``backend``/``milvus_uri``/``milvus_token`` keyword
@@ -87,10 +92,34 @@ def add_storage_args(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
-    """Settings from the environment, with every CLI flag that was given on top."""
+    """Settings from the environment, with every CLI flag that was given on top (a repeated
+    ``--model`` as ``EMBEDPOOL_MODEL`` spells several: entries separated by commas)."""
     fields = Settings.model_fields
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items()
+             if k in fields and v is not None}
     return Settings(**{**given, **overrides})
+
+
+def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | None]]:
+    """``(name, path or id)`` per ``--model`` value, in order: ``NAME=PATH_OR_ID`` names it, a
+    bare folder or id is named by its last part (``None``: the packaged default model). A string
+    (``EMBEDPOOL_MODEL``) holds its entries separated by commas."""
+    if values is None or isinstance(values, str):
+        values = [v.strip() for v in values.split(",") if v.strip()] if values else [None]
+    out: list[tuple[str, str | None]] = []
+    for value in values:
+        if value and "=" in value and not Path(value).expanduser().exists():
+            name, _, path = value.partition("=")
+            name, path = name.strip(), path.strip()
+            if not name or not path:
+                raise InvalidError(f"--model {value!r}: use NAME=PATH_OR_ID or PATH_OR_ID")
+        else:
+            path = value or None
+            name = Path(value).name if value else "all-MiniLM-L6-v2"
+        if name in (n for n, _ in out):
+            raise InvalidError(f"--model: two models are named {name!r}; name them (NAME=PATH_OR_ID)")
+        out.append((name, path))
+    return out
 
 
 def load_embedder(settings: Settings):
@@ -99,8 +128,6 @@ def load_embedder(settings: Settings):
 
     calibration = None
     if settings.calibration_file:
-        from pathlib import Path
-
         calibration = [t for t in Path(settings.calibration_file).read_text().splitlines() if t.strip()]
     encoder = FrozenEncoder(settings.model, precision=settings.precision,
                             max_batch_tokens=settings.max_batch_tokens, calibration=calibration)

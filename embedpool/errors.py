@@ -5,13 +5,14 @@ kind alone decides what a caller sees: :data:`TABLE` maps each kind, in one plac
 status of the API and the exit code of the CLI (as TEI maps its one error enum in one match).
 Messages are written for the person who has to fix the problem: what is wrong and what to do.
 
-There is one ready-made class per kind (:class:`InvalidError`, :class:`NotFoundError`, ...);
-raise it directly, or subclass it when callers need to catch one error by type
-(``poolers.PoolerSpecError``, ``index.SpecMismatchError``, ...). The kinds the caller can fix
-(invalid, too large, not found) keep the matching built-in as a second base (``ValueError``,
-``TypeError``, ``KeyError``/``LookupError``, ``FileNotFoundError``) so that ``except ValueError``
-keeps working for bad arguments; unavailable and internal errors never do, so that a backend
-outage is never mistaken for bad input.
+There is exactly one class per kind (:class:`InvalidError`, :class:`NotFoundError`, ...), and
+every layer raises those, with the parameter at fault (``param``): the kind is what callers
+catch and what the surfaces render, so there are no per-module subclasses to learn (as TEI
+has one error enum; ``tests/test_errors.py`` pins that no module defines another). The kinds
+the caller can fix keep the matching built-in as a second base (``ValueError`` for invalid, too
+large and conflict, ``LookupError`` for not found) so that ``except ValueError`` keeps working for bad
+arguments; unavailable and internal errors never do, so that a backend outage is never
+mistaken for bad input.
 
 An exception that is not an :class:`EmbedpoolError` was not raised on purpose: :func:`kind_of`
 files it as internal (a bug), except for the few built-ins whose meaning does not depend on who
@@ -70,16 +71,19 @@ class EmbedpoolError(Exception):
         message: what is wrong and what to do about it.
         param: the request field or CLI option at fault, if there is one.
         retry_after: seconds after which trying again may succeed (overloaded, unavailable).
+        code: a short machine-readable reason within the kind, for the few answers a surface
+            tells apart (the HTTP layer's ``HTTP_ONLY``: TEI's ``empty``, ``client_closed``).
     """
 
     kind: ClassVar[Kind] = Kind.INTERNAL
 
     def __init__(self, message: str = "", *, param: str | None = None,
-                 retry_after: int | None = None) -> None:
+                 retry_after: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.code = code
 
     def __str__(self) -> str:
         return self.message
@@ -94,10 +98,6 @@ class InvalidError(EmbedpoolError, ValueError):
     """Bad input: a value the caller must change."""
 
     kind = Kind.INVALID
-
-
-class InvalidTypeError(InvalidError, TypeError):
-    """Bad input of the wrong type (also a ``TypeError``)."""
 
 
 class TooLargeError(EmbedpoolError, ValueError):
@@ -118,11 +118,7 @@ class NotFoundError(EmbedpoolError, LookupError):
     kind = Kind.NOT_FOUND
 
 
-class MissingFileError(NotFoundError, FileNotFoundError):
-    """A file or folder the caller named does not exist (also a ``FileNotFoundError``)."""
-
-
-class ConflictError(EmbedpoolError):
+class ConflictError(EmbedpoolError, ValueError):
     """It exists with other settings, or another writer holds it."""
 
     kind = Kind.CONFLICT
@@ -146,12 +142,8 @@ class InternalError(EmbedpoolError):
     kind = Kind.INTERNAL
 
 
-class MissingExtraError(UnavailableError):
-    """An optional part of embedpool (an extra of the package) is not installed."""
-
-
 def import_extra(module: str, extra: str, what: str) -> object:
-    """``module`` imported, or a :class:`MissingExtraError` naming the extra that installs it.
+    """``module`` imported, or an :class:`UnavailableError` naming the extra that installs it.
 
     The HTTP API over FAISS needs none of the extras (they stay out of its image); the commands
     and backends that do call this where they first import one."""
@@ -160,7 +152,7 @@ def import_extra(module: str, extra: str, what: str) -> object:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingExtraError(
+        raise UnavailableError(
             f"{what} needs {module.split('.')[0]}, which is not installed: "
             f"pip install 'embedpool[{extra}]'") from e
 

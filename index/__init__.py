@@ -23,20 +23,6 @@ from .backends import (
 )
 from .base import ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit
 from .faiss_backend import FaissCollection
-from .errors import (
-    BackendError,
-    CollectionError,
-    CollectionLockedError,
-    CollectionNotFoundError,
-    CorruptCollectionError,
-    DocumentNotFoundError,
-    FormatVersionError,
-    InvalidInputError,
-    NotACollectionError,
-    NotFoundError,
-    SpecMismatchError,
-    TrainingError,
-)
 from .filters import parse_filter
 from .fusion import FUSIONS
 from .lexical import LANGUAGES, canonical_analyzer
@@ -46,12 +32,9 @@ from .spec import FORMAT_VERSION, CollectionSpec
 __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
-    "BACKENDS", "BackendError", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
+    "BACKENDS", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
     "STATS_KEYS", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
-    "CollectionError", "NotFoundError", "CollectionNotFoundError",
-    "DocumentNotFoundError", "NotACollectionError", "FormatVersionError", "SpecMismatchError",
-    "InvalidInputError", "TrainingError", "CollectionLockedError", "CorruptCollectionError",
 ]
 
 

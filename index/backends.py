@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import CollectionBase
-from .errors import InvalidInputError
+from embedpool.errors import InvalidError
 from .spec import CollectionSpec
 
 #: backend name -> the module that holds its ``BACKEND`` (imported on first use: pymilvus is
@@ -68,7 +68,7 @@ class Backend(ABC):
 
 def _backend(backend: str) -> Backend:
     if backend not in _MODULES:
-        raise InvalidInputError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        raise InvalidError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     return importlib.import_module(_MODULES[backend]).BACKEND
 
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import DocumentNotFoundError, InvalidInputError, SpecMismatchError
+from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from .filters import Node, parse_filter
 from .fusion import DEPTH, check_fusion, fuse
 from .spec import CollectionSpec, check_name
@@ -141,22 +141,22 @@ def check_spec_matches(existing: CollectionSpec, requested: CollectionSpec, name
     """Refuse to open ``name`` with a spec that differs from the one it was created with."""
     diffs = existing.differences(requested)
     if diffs:
-        raise SpecMismatchError(
+        raise ConflictError(
             f"collection {name!r} already exists with a different spec ({'; '.join(diffs)}); "
             "use another collection name, or delete the collection first")
 
 
 def check_new_spec(name: str, spec: Any) -> CollectionSpec:
-    """The name and spec of a collection to create, checked (:class:`InvalidInputError`)."""
+    """The name and spec of a collection to create, checked (:class:`InvalidError`)."""
     check_name(name)
     if not isinstance(spec, CollectionSpec):
-        raise InvalidInputError("spec must be a CollectionSpec")
+        raise InvalidError("spec must be a CollectionSpec")
     return spec.validate()
 
 
 def require_spec(coll: "CollectionBase", spec: CollectionSpec) -> "CollectionBase":
     """``coll`` if it was created with ``spec``; else close it and raise
-    :class:`SpecMismatchError` naming the differing fields (open-or-create)."""
+    :class:`ConflictError` naming the differing fields (open-or-create)."""
     try:
         check_spec_matches(coll.spec, spec, coll.name)
     except BaseException:
@@ -168,9 +168,9 @@ def require_spec(coll: "CollectionBase", spec: CollectionSpec) -> "CollectionBas
 def check_property(key: Any, value: Any) -> None:
     """A property key is a non-empty string other than the manifest's; values are strings."""
     if not isinstance(key, str) or not key or key == MANIFEST_PROPERTY:
-        raise InvalidInputError(f"property key {key!r} is reserved or empty")
+        raise InvalidError(f"property key {key!r} is reserved or empty")
     if not isinstance(value, str):
-        raise InvalidInputError("property values are strings")
+        raise InvalidError("property values are strings")
 
 
 class CollectionBase(ABC):
@@ -211,7 +211,7 @@ class CollectionBase(ABC):
 
     @abstractmethod
     def delete(self, ids: Sequence[str]) -> None:
-        """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
+        """Delete documents by id. Any unknown id: :class:`NotFoundError`, nothing deleted."""
 
     @abstractmethod
     def commit(self) -> None:
@@ -223,7 +223,7 @@ class CollectionBase(ABC):
 
     @abstractmethod
     def build_token_index(self) -> None:
-        """Multi-vector: make the token-level ANN index ready now (:class:`InvalidInputError`
+        """Multi-vector: make the token-level ANN index ready now (:class:`InvalidError`
         for single-vector collections)."""
 
     # ---- the contract: properties ----------------------------------------------------------
@@ -240,7 +240,7 @@ class CollectionBase(ABC):
     @abstractmethod
     def get(self, id: str) -> dict[str, Any]:
         """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi,
-        float32 ``[n_i, dim]``). Unknown id: :class:`DocumentNotFoundError`."""
+        float32 ``[n_i, dim]``). Unknown id: :class:`NotFoundError`."""
 
     @abstractmethod
     def ids(self) -> list[str]:
@@ -262,7 +262,7 @@ class CollectionBase(ABC):
     @abstractmethod
     def refresh(self) -> bool:
         """Pick up commits made by other writers since this object loaded; True if it reloaded.
-        :class:`CollectionNotFoundError` if the collection was deleted meanwhile. Cheap when
+        :class:`NotFoundError` if the collection was deleted meanwhile. Cheap when
         nothing changed (call it before serving a request)."""
 
     @abstractmethod
@@ -273,7 +273,7 @@ class CollectionBase(ABC):
     # ---- hooks of the shared search ------------------------------------------------------
     @abstractmethod
     def _check_open(self) -> None:
-        """Raise :class:`InvalidInputError` if closed."""
+        """Raise :class:`InvalidError` if closed."""
 
     # Every search hook takes ``flt``, the parsed metadata filter (None: every document), and
     # applies it inside the search: k hits whenever k matching documents exist.
@@ -348,24 +348,24 @@ class CollectionBase(ABC):
         spec = self.spec
         if spec.companion_pooler is None:
             if companion is not None:
-                raise InvalidInputError(f"collection {self.name!r} keeps no companion vectors; leave "
-                                        "companion out (create it with a companion pooler to keep them)")
+                raise InvalidError(f"collection {self.name!r} keeps no companion vectors; leave "
+                                   "companion out (create it with a companion pooler to keep them)")
             return None
         if companion is None:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"collection {self.name!r} keeps companion vectors of pooler {spec.companion_pooler!r} for "
                 f"two_stage search: pass companion=, per document its [{spec.companion_dim}] vector"
                 + (f" or [r, {spec.companion_dim}] rows" if spec.companion_rows == "window" else ""))
         if isinstance(companion, np.ndarray) and companion.ndim == 2:
             companion = list(companion)  # one vector per document
         if not isinstance(companion, (list, tuple)):
-            raise InvalidInputError(f"companion must be a list with one entry per document")
+            raise InvalidError(f"companion must be a list with one entry per document")
         rows = [np.asarray(c)[None, :] if np.ndim(c) == 1 else c for c in companion]
         out = check_multi_vectors(spec.companion_spec(), self.name, rows, ids, "companion")
         if spec.companion_rows == "document":
             many = [ids[j] for j, r in enumerate(out) if len(r) != 1]
             if many:
-                raise InvalidInputError(
+                raise InvalidError(
                     f"collection {self.name!r} keeps one companion vector per document (companion_rows "
                     f"'document'), but document {many[0]!r} has {len(out[ids.index(many[0])])}")
         return out
@@ -378,7 +378,7 @@ class CollectionBase(ABC):
     def _refuse_unknown(self, ids: list[str], found: Container[str]) -> None:
         unknown = [i for i in ids if i not in found]
         if unknown:
-            raise DocumentNotFoundError(
+            raise NotFoundError(
                 f"{len(unknown)} id(s) not in collection {self.name!r}: {preview(unknown)}; "
                 "nothing was deleted")
 
@@ -386,7 +386,7 @@ class CollectionBase(ABC):
         """``build_token_index`` applies to collections with a token ANN only."""
         self._check_open()
         if not self.capabilities.supports_token_ann:
-            raise InvalidInputError("build_token_index applies to multi-vector collections only")
+            raise InvalidError("build_token_index applies to multi-vector collections only")
 
     def search(self, queries: Any = None, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
                k_token: int = 32, companion_queries: Any = None,
@@ -431,20 +431,20 @@ class CollectionBase(ABC):
         k = check_positive_int("k", k)
         flt = parse_filter(filter)
         if mode not in ALL_MODES and self.spec.kind == "multi":
-            raise InvalidInputError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}")
+            raise InvalidError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}")
         if mode in LEXICAL_MODES:
             texts = self._check_texts(texts)
             if mode == "bm25":
                 return self._search_lexical(texts, k, flt) if texts else []
             fusion, weight = check_fusion(fusion, weight)
             if vector_mode not in SEARCH_MODES:
-                raise InvalidInputError(f"vector_mode={vector_mode!r}: hybrid fuses BM25 with one of "
-                                        f"{', '.join(SEARCH_MODES)}")
+                raise InvalidError(f"vector_mode={vector_mode!r}: hybrid fuses BM25 with one of "
+                                   f"{', '.join(SEARCH_MODES)}")
             d = max(k, check_positive_int("depth", depth))
             vec = (self._search_vectors(queries, d, vector_mode, candidates, k_token, companion_queries,
                                         companion, companion_pooler, flt) if weight > 0 else [[] for _ in texts])
             if len(vec) != len(texts):
-                raise InvalidInputError(f"{len(texts)} query texts but {len(vec)} query vectors")
+                raise InvalidError(f"{len(texts)} query texts but {len(vec)} query vectors")
             lex = self._search_lexical(texts, d, flt) if weight < 1 and texts else [[] for _ in texts]
             lower = self.spec.kind == "single" and self.spec.metric == "l2"
             return [fuse(v, x, k, fusion, weight, lower_is_better=lower) for v, x in zip(vec, lex)]
@@ -453,11 +453,11 @@ class CollectionBase(ABC):
 
     def _check_texts(self, texts: Any) -> list[str]:
         if not self.spec.lexical:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"collection {self.name!r} has no lexical index (analyzer 'none', or made before BM25 "
                 "existed); create it with an analyzer (the default, 'english') for bm25 and hybrid search")
         if texts is None or isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise InvalidInputError("bm25 and hybrid search need texts: the query texts, a list of strings")
+            raise InvalidError("bm25 and hybrid search need texts: the query texts, a list of strings")
         return list(texts)
 
     def _search_vectors(self, queries: Any, k: int, mode: str, candidates: int, k_token: int,
@@ -477,17 +477,17 @@ class CollectionBase(ABC):
             return self._two_stage_own(qs, companion, companion_queries, companion_pooler, candidates, k, flt)
         comp = self._resolve_companion(companion)
         if companion_queries is None:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"mode='two_stage' needs companion_queries: one pooled query vector per query "
                 f"for companion collection {comp.name!r} (dim {comp.spec.dim})")
         if companion_pooler is not None and companion_pooler != comp.spec.pooler:
-            raise SpecMismatchError(
+            raise ConflictError(
                 f"companion_queries were made with pooler {companion_pooler!r}, but companion "
                 f"collection {comp.name!r} holds vectors of pooler {comp.spec.pooler!r}; embed the "
                 f"queries with {comp.spec.pooler!r} (role query)")
         cq = as_matrix(companion_queries, comp.spec.dim, "companion_queries", comp.name)
         if len(cq) != len(qs):
-            raise InvalidInputError(
+            raise InvalidError(
                 f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
         return self._rerank(qs, comp.candidate_ids(cq, candidates, filter=flt), k, flt)
 
@@ -497,7 +497,7 @@ class CollectionBase(ABC):
         self._check_open()
         flt = parse_filter(filter)
         if flt is None:
-            raise InvalidInputError("delete_where needs a filter (delete the collection to delete everything)")
+            raise InvalidError("delete_where needs a filter (delete the collection to delete everything)")
         return self._delete_where(flt)
 
     def _two_stage_own(self, qs: list[np.ndarray], companion: Any, companion_queries: Any,
@@ -506,20 +506,20 @@ class CollectionBase(ABC):
         """``two_stage`` on a collection that keeps its companion rows itself."""
         spec = self.spec
         if companion is not None:
-            raise InvalidInputError(f"collection {self.name!r} keeps its own companion vectors (pooler "
-                                    f"{spec.companion_pooler!r}); do not pass companion=")
+            raise InvalidError(f"collection {self.name!r} keeps its own companion vectors (pooler "
+                               f"{spec.companion_pooler!r}); do not pass companion=")
         if companion_queries is None:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"mode='two_stage' needs companion_queries: one [{spec.companion_dim}] vector per query, "
                 f"embedded with pooler {spec.companion_pooler!r} (role query)")
         if companion_pooler is not None and companion_pooler != spec.companion_pooler:
-            raise SpecMismatchError(
+            raise ConflictError(
                 f"companion_queries were made with pooler {companion_pooler!r}, but collection {self.name!r} "
                 f"keeps companion vectors of pooler {spec.companion_pooler!r}; embed the queries with "
                 f"{spec.companion_pooler!r} (role query)")
         cq = as_matrix(companion_queries, spec.companion_dim, "companion_queries", self.name)
         if len(cq) != len(qs):
-            raise InvalidInputError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
+            raise InvalidError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
         return self._search_companion(qs, cq, candidates, k, flt)
 
     def candidate_ids(self, x: np.ndarray, k: int, *, filter: Any = None) -> list[list[str]]:
@@ -527,17 +527,17 @@ class CollectionBase(ABC):
         those that match ``filter``."""
         self._check_open()
         if self.spec.kind != "single":
-            raise InvalidInputError(f"companion collection {self.name!r} must be single-vector")
+            raise InvalidError(f"companion collection {self.name!r} must be single-vector")
         return self._candidate_ids(as_matrix(x, self.spec.dim, "queries", self.name),
                                    check_positive_int("k", k), parse_filter(filter))
 
     def _resolve_companion(self, companion: "CollectionBase | None") -> "CollectionBase":
         if companion is not None:
             if not isinstance(companion, CollectionBase) or companion.spec.kind != "single":
-                raise InvalidInputError("companion must be an open single-vector collection")
+                raise InvalidError("companion must be an open single-vector collection")
             return companion
         if self.spec.companion is None:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"mode='two_stage' needs a companion single-vector collection: pass companion=..., "
                 f"or create {self.name!r} with spec.companion set")
         with self._companion_lock:
@@ -545,7 +545,7 @@ class CollectionBase(ABC):
                 comp = self._open_sibling(self.spec.companion)
                 if comp.spec.kind != "single":
                     comp.close()
-                    raise InvalidInputError(
+                    raise InvalidError(
                         f"companion collection {self.spec.companion!r} is not single-vector")
                 self._companion = comp
             else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidInputError
+from embedpool.errors import InvalidError
 from .single import SingleStore
 
 #: bits of a row id that number a document's rows (2**20 rows: a document of ~266M tokens at
@@ -35,8 +35,8 @@ def row_ids(int_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def check_rows(counts: np.ndarray) -> None:
     if len(counts) and int(np.max(counts)) >= MAX_ROWS:
-        raise InvalidInputError(f"a document has {int(np.max(counts))} companion rows; at most {MAX_ROWS - 1} "
-                                "are supported")
+        raise InvalidError(f"a document has {int(np.max(counts))} companion rows; at most {MAX_ROWS - 1} "
+                           "are supported")
 
 
 class CompanionRows(SingleStore):

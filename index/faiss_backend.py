@@ -51,14 +51,7 @@ from .base import (
 )
 from .docstore import DB_NAME, DocStore
 from .durable import fsync_dir, now_iso, remove_quietly, write_durable_bytes
-from .errors import (
-    CollectionLockedError,
-    CollectionNotFoundError,
-    CorruptCollectionError,
-    DocumentNotFoundError,
-    InvalidInputError,
-    NotACollectionError,
-)
+from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError
 from .filters import Node
 from .folders import LOCK_FILE, collection_manifest, create_folder, delete_collection, list_collections
 from .lexical import parse_analyzer
@@ -95,7 +88,7 @@ class FaissCollection(CollectionBase):
 
     Thread-safety: one writer (``add``/``delete``/``commit``/``compact``) and any number of
     searching threads; a search sees the collection either before or after a whole ``add``.
-    Across processes: one writer at a time (others get :class:`CollectionLockedError`); readers in
+    Across processes: one writer at a time (others get :class:`ConflictError`); readers in
     other processes see the state committed when they opened the collection, and later commits
     after :meth:`refresh`.
     """
@@ -106,26 +99,26 @@ class FaissCollection(CollectionBase):
     @classmethod
     def create(cls, data_dir: str | os.PathLike, name: str, spec: CollectionSpec) -> "FaissCollection":
         """Create ``<data_dir>/<name>``; if it exists with an equal spec, open it; if with a
-        different spec, raise :class:`SpecMismatchError` naming the differing fields."""
+        different spec, raise :class:`ConflictError` naming the differing fields."""
         check_new_spec(name, spec)
         data_dir = Path(data_dir)
         folder = data_dir / name
         if not folder.exists():
             create_folder(data_dir, name, spec)
         elif not (folder / MANIFEST).exists():
-            raise NotACollectionError(
+            raise ConflictError(
                 f"{name!r} exists in the data directory but is not an embedpool collection; choose another "
                 "name or remove that folder")
         return require_spec(cls.open(data_dir, name), spec)
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike, name: str) -> "FaissCollection":
-        """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
+        """Open an existing collection (:class:`NotFoundError` if absent)."""
         manifest = collection_manifest(data_dir, name)
         folder = Path(data_dir) / name
         if not (folder / DB_NAME).is_file():
-            raise NotACollectionError(f"collection {name!r} has a manifest but no document store ({DB_NAME}); "
-                                      "restore its folder from a backup, or delete it and index its documents again")
+            raise ConflictError(f"collection {name!r} has a manifest but no document store ({DB_NAME}); "
+                                "restore its folder from a backup, or delete it and index its documents again")
         return cls(Path(data_dir), name, manifest)
 
     @classmethod
@@ -178,7 +171,7 @@ class FaissCollection(CollectionBase):
                 gen = self._db.get_meta("generation", 0)
                 next_int = self._db.get_meta("next_int_id", 0)
                 state = self._state()
-                live = self._db.all_int_ids()
+                live = self._live_ids(state)
             needed = self._store_cls.required_files(state)
             try:
                 missing = [f for f in needed if not (self.folder / f).is_file()]
@@ -194,13 +187,22 @@ class FaissCollection(CollectionBase):
                 # source and the file's full path) stays in the chained exception, for the log
                 what = (f"its committed file(s) {e} are missing" if isinstance(e, FileNotFoundError)
                         else f"its committed file(s) {', '.join(needed)} are damaged (FAISS cannot read them)")
-                raise CorruptCollectionError(
+                raise InternalError(
                     f"collection {self.name!r} cannot be loaded: {what}; restore the collection's folder from "
                     "a backup, or delete the collection and index its documents again") from e
             break
         self._vec = vec
         self._gen = int(gen)
         self._next_int_id = int(next_int)
+
+    def _live_ids(self, state: StoreState) -> np.ndarray | None:
+        """The live internal ids, or ``None`` when the document store's count equals the documents
+        the segments hold (no tombstones: every one of them is live) -- a multi-vector
+        collection then opens without reading a million ids out of SQLite one row at a time."""
+        if state.segments and self._store_cls.accepts_all_live and \
+                self._db.count() == sum(int(n) for _, n, _ in state.segments):
+            return None
+        return self._db.all_int_ids()
 
     def refresh(self) -> bool:
         """Reload if another writer committed since this object loaded the collection.
@@ -211,13 +213,13 @@ class FaissCollection(CollectionBase):
         """
         self._check_open()
         if not (self.folder / MANIFEST).is_file():
-            raise CollectionNotFoundError(f"collection {self.name!r} was deleted")
+            raise NotFoundError(f"collection {self.name!r} was deleted")
         if int(self._probe.get_meta("generation", 0)) == self._gen:
             return False
         with self._wmutex:
             self._check_open()
             if self._db.in_transaction:
-                raise CollectionLockedError(
+                raise ConflictError(
                     f"collection {self.name!r} has uncommitted changes; commit() before refresh()")
             if int(self._db.get_meta("generation", 0)) == self._gen:
                 return False
@@ -228,7 +230,7 @@ class FaissCollection(CollectionBase):
     # ---- writer protocol ----------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise InvalidInputError(f"collection {self.name!r} is closed")
+            raise InvalidError(f"collection {self.name!r} is closed")
 
     def _begin_write(self) -> None:
         """Become the writer: take the folder lock, open the SQLite write transaction, check
@@ -236,13 +238,13 @@ class FaissCollection(CollectionBase):
         if self._db.in_transaction:
             return
         if not self._flock.try_acquire(wait=WRITER_LOCK_WAIT):
-            raise CollectionLockedError(
+            raise ConflictError(
                 f"collection {self.name!r} has uncommitted writes from another process or FaissCollection "
                 "object; commit or close that one first (one writer at a time)")
         try:
             self._db.begin()
             if int(self._db.get_meta("generation", 0)) != self._gen:
-                raise CollectionLockedError(
+                raise ConflictError(
                     f"collection {self.name!r} was changed on disk by another writer since it was "
                     "opened; open it again before writing")
             self._remove_stale_files()
@@ -311,7 +313,7 @@ class FaissCollection(CollectionBase):
                 self._writes += 1
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
+        """Delete documents by id. Any unknown id: :class:`NotFoundError`, nothing deleted."""
         ids = self._check_delete(ids)
         if not ids:
             return
@@ -443,8 +445,8 @@ class FaissCollection(CollectionBase):
         if flt is None:
             return None
         if not self._db.has_fields:
-            raise InvalidInputError(f"collection {self.name!r} was made before metadata filters existed; "
-                                    "index its documents into a new collection to filter them")
+            raise InvalidError(f"collection {self.name!r} was made before metadata filters existed; "
+                               "index its documents into a new collection to filter them")
         key = (flt, self._gen, self._writes)
         with self._filter_lock:
             ids = self._filter_cache.get(key)
@@ -516,9 +518,8 @@ class FaissCollection(CollectionBase):
             self._check_open()
             ids = self._matching(flt)
             if ids is not None:  # MaxSim against the matching documents only
-                return self._hits([topk(*self._vec.rerank(q, ids), k) for q in qs])
-            scores, ids = self._vec.exhaustive(qs)
-            return self._hits([topk(s, ids, k) for s in scores])
+                return self._hits([topk(*self._vec.rerank_topk(q, ids, k), k) for q in qs])
+            return self._hits([topk(s, i, k) for s, i in self._vec.exhaustive_topk(qs, k)])
 
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
                        flt: Node | None = None) -> list[list[Hit]]:
@@ -529,14 +530,14 @@ class FaissCollection(CollectionBase):
             cands = self._vec.token_candidates(qs, k_token, ids)
             if ids is not None:  # the token ANN may reach fewer than k matching documents
                 cands = [ids if len(c) < min(k, len(ids)) else c for c in cands]
-            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+            return self._hits([topk(*self._vec.rerank_topk(q, c, k), k) for q, c in zip(qs, cands)])
 
     def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
                           k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
             cands = self._vec.companion_candidates(cq, candidates, self._matching(flt))
-            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+            return self._hits([topk(*self._vec.rerank_topk(q, c, k), k) for q, c in zip(qs, cands)])
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
                 flt: Node | None = None) -> list[list[Hit]]:
@@ -549,7 +550,7 @@ class FaissCollection(CollectionBase):
                 cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
                 if ids is not None:
                     cand = cand[np.isin(cand, ids)]
-                out.append(topk(*self._vec.rerank(q, cand), k))
+                out.append(topk(*self._vec.rerank_topk(q, cand, k), k))
             return self._hits(out)
 
     def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
@@ -565,7 +566,7 @@ class FaissCollection(CollectionBase):
         with self._rw.read():
             self._check_open()
             if not self._db.has_lexical:
-                raise InvalidInputError(f"collection {self.name!r} has no lexical index")
+                raise InvalidError(f"collection {self.name!r} has no lexical index")
             if flt is not None and not self._db.has_fields:
                 self._matching(flt)  # says why it cannot filter
             share = None if flt is None else self._share(flt)
@@ -600,12 +601,12 @@ class FaissCollection(CollectionBase):
 
     def get(self, id: str) -> dict[str, Any]:
         """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi,
-        float32 ``[n_i, dim]``, dequantized). Unknown id: :class:`DocumentNotFoundError`."""
+        float32 ``[n_i, dim]``, dequantized). Unknown id: :class:`NotFoundError`."""
         self._check_open()
         with self._rw.read():
             found = self._db.lookup_ext([id]) if isinstance(id, str) else {}
             if id not in found:
-                raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
+                raise NotFoundError(f"no document {id!r} in collection {self.name!r}")
             int_id = found[id]
             ext, text, meta = self._db.fetch([int_id])[int_id]
             return {"id": ext, "text": text, "metadata": meta, **self._vec.vectors_of(int_id)}

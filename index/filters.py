@@ -26,7 +26,7 @@ Semantics (both backends keep them; the tests pin them against plain Python pred
   value is ``null`` counts as absent, as in Milvus).
 
 A filter is parsed into a small tree (:func:`parse_filter`: every mistake is an
-:class:`InvalidInputError` that names the key and says what is allowed); the FAISS backend
+:class:`InvalidError` that names the key and says what is allowed); the FAISS backend
 compiles it into SQL over the document store's ``fields`` table (:func:`to_sql`, rows made by
 :func:`field_rows` in the same transaction as the documents), Milvus into a boolean expression
 over its ``metadata`` JSON field (:func:`to_milvus`).
@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .errors import InvalidInputError
+from embedpool.errors import InvalidError
 
 EQ_OPS = ("$eq", "$ne", "$in", "$nin")
 RANGE_OPS = ("$gt", "$gte", "$lt", "$lte")
@@ -95,8 +95,8 @@ Node = Union[Match, Range, Exists, Logic]
 
 
 # ---------------------------------------------------------------------------------- parsing
-def _bad(msg: str) -> InvalidInputError:
-    return InvalidInputError(f"filter: {msg}")
+def _bad(msg: str) -> InvalidError:
+    return InvalidError(f"filter: {msg}")
 
 
 def date_instant(value: Any) -> float | None:

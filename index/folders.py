@@ -13,7 +13,7 @@ from typing import Any
 
 from .docstore import DB_NAME, DocStore
 from .durable import fsync_dir, fsync_path, now_iso, write_durable_bytes
-from .errors import CollectionLockedError, CollectionNotFoundError, NotACollectionError
+from embedpool.errors import ConflictError, NotFoundError
 from .locks import FileLock
 from .spec import MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
 
@@ -36,7 +36,7 @@ def collection_manifest(data_dir: str | os.PathLike, name: str) -> dict[str, Any
     folder = data_dir / name
     if not folder.is_dir():
         have = list_collections(data_dir)
-        raise CollectionNotFoundError(
+        raise NotFoundError(
             f"no collection {name!r}"
             + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
     return read_manifest(folder)
@@ -48,14 +48,14 @@ def delete_collection(data_dir: str | os.PathLike, name: str) -> None:
     data_dir = Path(data_dir)
     folder = data_dir / name
     if not folder.is_dir():
-        raise CollectionNotFoundError(f"no collection {name!r}")
+        raise NotFoundError(f"no collection {name!r}")
     if not (folder / MANIFEST).is_file():
-        raise NotACollectionError(f"{name!r} in the data directory is not an embedpool collection (no {MANIFEST}); "
-                                  "not deleting it")
+        raise ConflictError(f"{name!r} in the data directory is not an embedpool collection (no {MANIFEST}); "
+                            "not deleting it")
     lock = FileLock(folder / LOCK_FILE)
     if not lock.try_acquire():
-        raise CollectionLockedError(f"collection {name!r} has uncommitted writes in progress; "
-                                    "close its writer first")
+        raise ConflictError(f"collection {name!r} has uncommitted writes in progress; "
+                            "close its writer first")
     try:
         trash = data_dir / f".{name}.deleting-{uuid.uuid4().hex[:8]}"
         os.rename(folder, trash)  # disappears atomically

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import InvalidInputError
+from embedpool.errors import InvalidError
 
 #: language -> (Snowball stemmer name, bm25s stopword list)
 LANGUAGES = {
@@ -115,22 +115,22 @@ def _stemmer(name: str):
 
 @lru_cache(maxsize=64)
 def parse_analyzer(spec: str | None) -> Analyzer | None:
-    """The analyzer of a spec string (``None`` for ``none``); :class:`InvalidInputError` naming
+    """The analyzer of a spec string (``None`` for ``none``); :class:`InvalidError` naming
     what is wrong."""
     if spec is None or spec == NONE:
         return None
     if not isinstance(spec, str):
-        raise InvalidInputError(f"spec.analyzer must be a string such as {DEFAULT!r} or {NONE!r}")
+        raise InvalidError(f"spec.analyzer must be a string such as {DEFAULT!r} or {NONE!r}")
     lang, _, rest = spec.partition(":")
     if lang not in LANGUAGES:
-        raise InvalidInputError(f"spec.analyzer={spec!r}: unknown language {lang!r}; use one of "
-                                f"{', '.join(LANGUAGES)}, or {NONE!r} for no lexical index")
+        raise InvalidError(f"spec.analyzer={spec!r}: unknown language {lang!r}; use one of "
+                           f"{', '.join(LANGUAGES)}, or {NONE!r} for no lexical index")
     opts = {}
     for part in filter(None, rest.split(",")):
         k, eq, v = part.partition("=")
         if k not in ("stem", "stopwords") or not eq or v not in ("true", "false"):
-            raise InvalidInputError(f"spec.analyzer={spec!r}: options are stem=true|false and "
-                                    "stopwords=true|false")
+            raise InvalidError(f"spec.analyzer={spec!r}: options are stem=true|false and "
+                               "stopwords=true|false")
         opts[k] = v == "true"
     return Analyzer(lang, **opts)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatVersionError, InvalidInputError, NotACollectionError
+from embedpool.errors import ConflictError, InvalidError
 from .lexical import DEFAULT as DEFAULT_ANALYZER
 from .lexical import NONE as NO_ANALYZER
 from .lexical import canonical_analyzer
@@ -42,7 +42,7 @@ _FIELDS = {
 def check_name(name: str) -> str:
     """A collection name is a plain folder name: letters, digits, ``.``, ``_``, ``-``."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
-        raise InvalidInputError(
+        raise InvalidError(
             f"invalid collection name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit")
     return name
@@ -100,36 +100,36 @@ class CollectionSpec:
     analyzer: str = DEFAULT_ANALYZER
 
     def validate(self) -> "CollectionSpec":
-        """Raise :class:`InvalidInputError` naming the bad field; return self."""
+        """Raise :class:`InvalidError` naming the bad field; return self."""
         import faiss
 
         if self.kind not in KINDS:
-            raise InvalidInputError(f"spec.kind={self.kind!r}: use 'single' or 'multi'")
+            raise InvalidError(f"spec.kind={self.kind!r}: use 'single' or 'multi'")
         if not isinstance(self.model, str) or not isinstance(self.pooler, str):
-            raise InvalidInputError("spec.model and spec.pooler must be strings")
+            raise InvalidError("spec.model and spec.pooler must be strings")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
-            raise InvalidInputError(f"spec.dim={self.dim!r}: must be a positive integer")
+            raise InvalidError(f"spec.dim={self.dim!r}: must be a positive integer")
         if self.metric not in METRICS:
-            raise InvalidInputError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'")
+            raise InvalidError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'")
         if not isinstance(self.normalized, bool):
-            raise InvalidInputError("spec.normalized must be true or false")
+            raise InvalidError("spec.normalized must be true or false")
         if canonical_analyzer(self.analyzer) != self.analyzer:
-            raise InvalidInputError(f"spec.analyzer={self.analyzer!r}: write it as "
-                                    f"{canonical_analyzer(self.analyzer)!r}")
+            raise InvalidError(f"spec.analyzer={self.analyzer!r}: write it as "
+                               f"{canonical_analyzer(self.analyzer)!r}")
         if self.kind == "single":
             _check_factory("factory", self.factory, self.dim, self.metric)
             if self.companion_pooler is not None:
-                raise InvalidInputError("spec.companion_pooler: only multi-vector collections have a companion")
+                raise InvalidError("spec.companion_pooler: only multi-vector collections have a companion")
         else:
             if self.metric != "ip":
-                raise InvalidInputError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
+                raise InvalidError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
             if self.precision not in PRECISIONS:
-                raise InvalidInputError(
+                raise InvalidError(
                     f"spec.precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
             try:
                 faiss.index_factory(self.dim, self.token_factory, faiss.METRIC_INNER_PRODUCT)
             except Exception as e:
-                raise InvalidInputError(
+                raise InvalidError(
                     f"spec.token_factory={self.token_factory!r} is not a valid FAISS index factory "
                     f"string: {_first_line(e)}") from None
             if self.companion is not None:
@@ -140,15 +140,15 @@ class CollectionSpec:
 
     def _validate_companion(self) -> None:
         if self.companion is not None:
-            raise InvalidInputError(
+            raise InvalidError(
                 "spec.companion and spec.companion_pooler: give one -- a companion the collection keeps "
                 "itself (companion_pooler) or the name of one you fill (companion)")
         if not isinstance(self.companion_pooler, str) or not self.companion_pooler:
-            raise InvalidInputError("spec.companion_pooler must be a pooler spec string such as 'mean'")
+            raise InvalidError("spec.companion_pooler must be a pooler spec string such as 'mean'")
         if isinstance(self.companion_dim, bool) or not isinstance(self.companion_dim, int) or self.companion_dim <= 0:
-            raise InvalidInputError(f"spec.companion_dim={self.companion_dim!r}: must be a positive integer")
+            raise InvalidError(f"spec.companion_dim={self.companion_dim!r}: must be a positive integer")
         if self.companion_rows not in COMPANION_ROWS:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"spec.companion_rows={self.companion_rows!r}: use one of {', '.join(COMPANION_ROWS)}")
         _check_factory("companion_factory", self.companion_factory, self.companion_dim, "ip")
 
@@ -194,11 +194,11 @@ def _check_factory(field: str, factory: str, dim: int, metric: str) -> None:
     try:
         idx = faiss.index_factory(dim, factory, _faiss_metric(metric))
     except Exception as e:  # faiss raises RuntimeError with a long C++ trace
-        raise InvalidInputError(
+        raise InvalidError(
             f"spec.{field}={factory!r} is not a valid FAISS index factory string for dim {dim}: "
             f"{_first_line(e)}") from None
     if type(idx).__name__ == "IndexIDMap":
-        raise InvalidInputError(
+        raise InvalidError(
             f"spec.{field}={factory!r}: use 'IDMap2,...' (IDMap cannot return stored vectors), or "
             "leave the IDMap prefix out")
 
@@ -221,7 +221,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """Load and check ``manifest.json``; raise NotACollection / FormatVersion errors."""
     path = folder / MANIFEST
     if not path.is_file():
-        raise NotACollectionError(
+        raise ConflictError(
             f"{folder.name!r} is not an embedpool collection (no {MANIFEST}); pass the data directory "
             "and a collection name, or create the collection first")
     where = f"the manifest of collection {folder.name!r}"  # not the server's folders
@@ -229,7 +229,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise NotACollectionError(f"{where} is not readable: {reason}") from None
+        raise ConflictError(f"{where} is not readable: {reason}") from None
     return parse_manifest(text, where)
 
 
@@ -245,19 +245,19 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise NotACollectionError(f"{where} is not a readable collection manifest: {e}") from None
+        raise ConflictError(f"{where} is not a readable collection manifest: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise NotACollectionError(
+        raise ConflictError(
             f"{where} is not an embedpool collection manifest (missing \"format\": \"{FORMAT_NAME}\")")
     version = data.get("format_version")
     if not isinstance(version, int) or version < 1:
-        raise NotACollectionError(f"{where}: bad format_version {version!r}")
+        raise ConflictError(f"{where}: bad format_version {version!r}")
     if version > FORMAT_VERSION:
-        raise FormatVersionError(
+        raise ConflictError(
             f"{where} has format version {version}, newer than this embedpool supports "
             f"({FORMAT_VERSION}); upgrade embedpool to open it")
     try:
         CollectionSpec.from_dict(data).validate()
-    except InvalidInputError as e:
-        raise NotACollectionError(f"{where}: invalid spec in manifest: {e}") from None
+    except InvalidError as e:
+        raise ConflictError(f"{where}: invalid spec in manifest: {e}") from None
     return data

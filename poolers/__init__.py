@@ -4,7 +4,7 @@ from embedpool.poolers import (  # noqa: F401  (register)
     attention, attnstats, cls, cluster, fde, glot, landmark, layermean, max, maxpoolbert, mean, multilayer,
     pooling, reinpool, splade, tokens,
 )
-from embedpool.poolers.base import REGISTRY, Pooler, PoolerSpecError, build_pooler, parse_spec
+from embedpool.poolers.base import Pooler, REGISTRY, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
 from embedpool.poolers.output import OUTPUT_PRECISIONS, quantize_output, unit_ranges
 from embedpool.poolers.pipeline import EmbedOptions, Embedder, EmbedResult, Tokenized, Workload
@@ -12,7 +12,7 @@ from embedpool.poolers.states import TokenStates
 
 __all__ = [
     "DEFAULT_MODEL", "REGISTRY", "EmbedOptions", "Embedder", "EmbedResult", "FrozenEncoder", "Plan", "Pooler",
-    "PoolerSpecError", "TokenStates", "build_pooler", "parse_spec",
+    "TokenStates", "build_pooler", "parse_spec",
     "TRUNCATION_DIRECTIONS", "Tokenized", "Window", "Workload", "OUTPUT_PRECISIONS", "quantize_output",
     "unit_ranges",
 ]

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from embedpool.errors import InvalidError, MissingFileError
-from embedpool.poolers.base import Configurable, Pooler, PoolerSpecError, masked_mean, register
+from embedpool.errors import InvalidError, NotFoundError
+from embedpool.poolers.base import Configurable, Pooler, masked_mean, register
 from embedpool.poolers.states import TokenStates
 
 WEIGHTS_FILE = "head.safetensors"
@@ -84,7 +84,7 @@ class HeadModule(nn.Module, Configurable):
 
         folder = head_folder(path)
         if not has_head(folder):
-            raise MissingFileError(
+            raise NotFoundError(
                 f"attention weights not found: expected {folder / WEIGHTS_FILE} and {folder / CONFIG_FILE} "
                 "(written by `embedpool train-attention --out DIR`)"
             )
@@ -249,14 +249,14 @@ class AttentionPooler(Pooler):
         if self.weights:
             self.head = AttentionHead.load(self.weights)
             if self.head.kind != self.name:
-                raise PoolerSpecError(f"{self.weights} holds a head for pooler {self.head.kind!r}, not {self.name!r}; "
-                                      f"use {self.head.kind}:weights={self.weights}")
+                raise InvalidError(f"{self.weights} holds a head for pooler {self.head.kind!r}, not {self.name!r}; "
+                                   f"use {self.head.kind}:weights={self.weights}")
             if "queries" in kwargs and self.queries != self.head.queries:
-                raise PoolerSpecError(f"attention head at {self.weights} has queries={self.head.queries}, "
-                                      f"but the spec asks for queries={self.queries}")
+                raise InvalidError(f"attention head at {self.weights} has queries={self.head.queries}, "
+                                   f"but the spec asks for queries={self.queries}")
             self.queries = self.head.queries
         elif not 1 <= self.queries <= MAX_QUERIES:
-            raise PoolerSpecError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}")
+            raise InvalidError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}")
         self.multi_vector = self.queries > 1
         self.role_aware = self.roles == "separate"
 

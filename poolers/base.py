@@ -18,10 +18,6 @@ from embedpool.poolers.states import TokenStates, layer_indices
 REGISTRY: dict[str, type["Pooler"]] = {}
 
 
-class PoolerSpecError(InvalidError):
-    """A pooler spec or saved config that does not parse or names an unknown pooler or option."""
-
-
 def register(cls: type["Pooler"]) -> type["Pooler"]:
     REGISTRY[cls.name] = cls
     return cls
@@ -133,7 +129,7 @@ class Pooler(Configurable):
         """``config`` with every value of its option's type (strings are parsed, as in a spec).
 
         Raises:
-            PoolerSpecError: an unknown option, or a value that is not of the option's type.
+            InvalidError: an unknown option, or a value that is not of the option's type.
         """
         out = {}
         for key, value in config.items():
@@ -141,11 +137,11 @@ class Pooler(Configurable):
                 valid = ", ".join(cls.options) or "none"
                 multi = sorted(n for n, c in REGISTRY.items() if c.multi_vector is True and key in c.options)
                 if multi and cls.multi_vector is not True:
-                    raise PoolerSpecError(
+                    raise InvalidError(
                         f"pooler {cls.name!r} gives one vector per text and has no option {key!r}: {key!r} is "
                         f"an option of the multi-vector poolers ({', '.join(multi)}); drop it or use one of "
                         f"those (valid options of {cls.name!r}: {valid})")
-                raise PoolerSpecError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}")
+                raise InvalidError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}")
             out[key] = _coerce(cls.name, key, value, cls.options[key])
         return out
 
@@ -226,20 +222,20 @@ def _coerce(pooler: str, key: str, raw: Any, kind: type) -> Any:
             raise ValueError
         return kind(raw)
     except ValueError:
-        raise PoolerSpecError(
+        raise InvalidError(
             f"pooler {pooler!r}: option {key}={raw!r} is not a valid {kind.__name__}"
         ) from None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     if not isinstance(spec, str) or not spec.strip():
-        raise PoolerSpecError(f"a pooler spec must be a non-empty string like 'mean' or 'cluster:pool_factor=2', got {spec!r}")
+        raise InvalidError(f"a pooler spec must be a non-empty string like 'mean' or 'cluster:pool_factor=2', got {spec!r}")
     name, _, rest = spec.strip().partition(":")
     opts: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
-            raise PoolerSpecError(f"pooler option {part!r} in {spec!r} must look like key=value")
+            raise InvalidError(f"pooler option {part!r} in {spec!r} must look like key=value")
         opts[key.strip()] = value.strip()
     return name.strip().lower(), opts
 
@@ -248,7 +244,7 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
     """Make a pooler from a spec string. ``auto`` means the model's own pooling (``default``).
 
     Raises:
-        PoolerSpecError: unknown pooler or option, or a value of the wrong type; the message
+        InvalidError: unknown pooler or option, or a value of the wrong type; the message
             names the valid choices.
     """
     from embedpool import poolers  # noqa: F401  (registers every pooler module)
@@ -256,11 +252,11 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
     name, raw = parse_spec(spec)
     if name == "auto":
         if raw:
-            raise PoolerSpecError("pooler 'auto' takes no options")
+            raise InvalidError("pooler 'auto' takes no options")
         name, raw = parse_spec(default)
     cls = REGISTRY.get(name)
     if cls is None:
-        raise PoolerSpecError(
+        raise InvalidError(
             f"unknown pooler {name!r}; choose one of: auto, {', '.join(sorted(REGISTRY))}"
         )
     pooler = cls(**raw)
@@ -368,7 +364,7 @@ class LayersOption:
         try:
             layer_indices(self.layers, None)
         except InvalidError as e:
-            raise PoolerSpecError(f"pooler {self.name!r}: {e}") from None
+            raise InvalidError(f"pooler {self.name!r}: {e}") from None
 
 
 class WeightedMeanPooler(Pooler):

@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embedpool.errors import InvalidError, InvalidTypeError, MissingFileError
+from embedpool.errors import InvalidError
 from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
+
 
 log = logging.getLogger(__name__)
 
@@ -337,18 +338,16 @@ class FrozenEncoder:
         bidirectional encoder and a separator token; ``cls`` (unless it is the model's own
         pooling) on a decoder-only model, whose first token sees nothing after it; the layer
         poolers on a ColBERT model (its vectors are a projection of the last layer only)."""
-        from embedpool.poolers.base import PoolerSpecError
-
         if pooler.plan.kind == "landmark":
             self._landmark_separator()
         if self.causal and pooler.name == "cls" and self.pooling_modes != ("cls",):
-            raise PoolerSpecError("pooler 'cls' reads the first token, which a decoder-only model's causal attention "
-                                  "shows nothing after it; use auto (the model's own pooling, e.g. lasttoken), "
-                                  "pooling:mode=lasttoken or mean")
+            raise InvalidError("pooler 'cls' reads the first token, which a decoder-only model's causal attention "
+                               "shows nothing after it; use auto (the model's own pooling, e.g. lasttoken), "
+                               "pooling:mode=lasttoken or mean")
         if self.multi_vector and pooler.needs_layers:
-            raise PoolerSpecError(f"pooler {pooler.name!r} reads the transformer's hidden layers, but a ColBERT "
-                                  "model's vectors are its token projection of the last one: use tokens, cluster "
-                                  "or a single-vector pooler")
+            raise InvalidError(f"pooler {pooler.name!r} reads the transformer's hidden layers, but a ColBERT "
+                               "model's vectors are its token projection of the last one: use tokens, cluster "
+                               "or a single-vector pooler")
 
     def _landmark_separator(self) -> int:
         """The landmark token (the model's separator), or an error saying why there is none."""
@@ -421,10 +420,8 @@ class FrozenEncoder:
                 ids, special = ids[:head] + ids[tail:], special[:head] + special[tail:]
                 span = (n_content - keep, n_content)
             if len(ids) > window:
-                raise InvalidError(
-                    f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
-                    "shorten it or set truncate=true"
-                )
+                raise InvalidError(f"input {i} has {len(ids)} tokens, over the model's limit of {window}; "
+                                   "shorten it or set truncate=true", param=f"texts[{i}]")
             expansion = None
             if expand is not None and expansion_id is not None and len(ids) < expand["length"]:
                 # ColBERT query expansion: pad to the query width with [MASK] (PyLate's)
@@ -738,17 +735,17 @@ def _run_length(flags: Sequence[int]) -> int:
 
 def _check_texts(texts) -> list[str]:
     if isinstance(texts, str):
-        raise InvalidTypeError("texts must be a list of strings, not a single string")
+        raise InvalidError("texts must be a list of strings, not a single string", param="texts")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise InvalidTypeError(f"input {i} is {type(t).__name__}, expected a string")
+            raise InvalidError(f"input {i} is {type(t).__name__}, expected a string", param=f"texts[{i}]")
         if not t.isascii():  # a lone surrogate (JSON's "\ud800") is no text a tokenizer takes
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as e:
                 raise InvalidError(f"input {i} is not valid Unicode: a lone surrogate {t[e.start]!r} at "
-                                   f"character {e.start}") from None
+                                   f"character {e.start}", param=f"texts[{i}]") from None
     return texts
 
 

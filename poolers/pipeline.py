@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from embedpool.errors import InvalidError, InvalidTypeError
+from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, build_pooler
 from embedpool.poolers.encoder import FrozenEncoder, Plan
 
@@ -21,16 +21,20 @@ ROLES = ("query", "document")
 
 @dataclass
 class EmbedResult:
-    """Embeddings per pooler spec, in input order.
+    """Embeddings per pooler spec, in input order: what :meth:`Embedder.embed` returns, and
+    what the server's batcher hands each request.
 
     ``vectors[spec][i]`` is a ``[D]`` float32 array for single-vector poolers and ``[n_i, D]``
-    for multi-vector ones. ``tokens`` counts the tokens through the encoder, all plans.
+    for multi-vector ones. ``tokens`` counts the tokens through the encoder, all plans (every
+    window); ``usage`` the inputs' tokens under the model's own (standard) layout, once per
+    input whatever the poolers (``Workload.counts`` summed): what a server reports as usage.
     """
 
     vectors: dict[str, list[np.ndarray]]
     multi_vector: dict[str, bool]
     tokens: int = 0
     specs: list[str] = field(default_factory=list)
+    usage: int = 0
 
     def matrix(self, spec: str) -> np.ndarray:
         """Single-vector results of ``spec`` stacked as ``[N, D]``."""
@@ -229,7 +233,7 @@ class Embedder:
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise InvalidTypeError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}")
         limit = self.natural_dim(spec) if spec is not None else max(self.dim, self.encoder.hidden_size)
         if not 1 <= dimensions <= limit:
             what = f" (the size of pooler {self.canonical(spec)!r}'s vectors)" if spec is not None else ""
@@ -255,7 +259,7 @@ class Embedder:
         limits does not tokenize it again to encode it. Raises what :meth:`embed` would for an
         input it refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
-            raise InvalidTypeError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string")
         options = EmbedOptions.of(options, **fields)
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
@@ -296,7 +300,7 @@ class Embedder:
                 pass its plan shares with the other poolers of the call.
         """
         if isinstance(texts, str):
-            raise InvalidTypeError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string")
         options = EmbedOptions.of(options, **fields)
         if options.role not in ROLES:
             raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")
@@ -306,6 +310,10 @@ class Embedder:
                 self.check_dimensions(options.dimensions, spec)
         texts = list(texts)
         _check_tokenized(tokenized, len(texts), options.tokenize_key)
+        if tokenized is None:  # tokenized here, once, as encode would: it also gives the usage
+            t0 = time.perf_counter()
+            tokenized = self.measure(texts, list(built), options).tokenized
+            self.encoder.stats.tokenize_seconds += time.perf_counter() - t0
         out: dict[str, list] = {spec: [None] * len(texts) for spec in built}
         tokens_before = self.encoder.stats.tokens
         for plan, specs in by_plan.items():
@@ -319,6 +327,7 @@ class Embedder:
             multi_vector={spec: bool(p.multi_vector) for spec, p in built.items()},
             tokens=self.encoder.stats.tokens - tokens_before,
             specs=list(built),
+            usage=sum(self.encoder.standard_count(t.rows, options.truncate) for t in tokenized),
         )
 
     def _embed_plan(self, texts: list[str], plan: Plan, poolers: dict[str, Pooler], options: EmbedOptions,

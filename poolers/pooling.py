@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from embedpool.poolers.base import Pooler, PoolerSpecError, register
+from embedpool.errors import InvalidError
+from embedpool.poolers.base import Pooler, register
 from embedpool.poolers.states import TokenStates
 
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -36,8 +37,8 @@ class PoolingPooler(Pooler):
         modes = tuple(m.strip() for m in self.mode.split("+") if m.strip())
         bad = [m for m in modes if m not in MODES]
         if not modes or bad:
-            raise PoolerSpecError(f"pooler 'pooling': mode={self.mode!r}; use one of {', '.join(MODES)} "
-                                  "or several joined by +")
+            raise InvalidError(f"pooler 'pooling': mode={self.mode!r}; use one of {', '.join(MODES)} "
+                               "or several joined by +")
         self.modes = modes
         self._module = None
 
@@ -48,7 +49,7 @@ class PoolingPooler(Pooler):
 
     def pool(self, states: TokenStates) -> Tensor:
         if not states.one_row_per_text:
-            raise PoolerSpecError("pooler 'pooling' pools one window per text (the standard plan)")
+            raise InvalidError("pooler 'pooling' pools one window per text (the standard plan)")
         if self._module is None:
             from sentence_transformers.sentence_transformer.modules import Pooling
 

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.base import Pooler, PoolerSpecError, register
+from embedpool.poolers.base import Pooler, register
 from embedpool.poolers.states import TokenStates
 
 _HEADS: dict[str, tuple[nn.Module, int]] = {}  # model path -> (MLM head, vocabulary size)
@@ -112,7 +112,7 @@ class SpladePooler(Pooler):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.top_k < 0 or self.threshold < 0:
-            raise PoolerSpecError(f"splade: top_k and threshold must be >= 0, got {self.top_k} and {self.threshold}")
+            raise InvalidError(f"splade: top_k and threshold must be >= 0, got {self.top_k} and {self.threshold}")
         self.head: nn.Module | None = None
         self.vocab: int | None = None
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from embedpool.errors import InvalidError, MissingFileError
+from embedpool.errors import InvalidError, NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class ModelStack:
         try:
             model = kind(path, device=device, local_files_only=True, truncate_dim=truncate_dim)
         except OSError as exc:  # not a folder and not in the local cache
-            raise MissingFileError(
+            raise NotFoundError(
                 f"model {path!r} is neither a local folder nor in the local Hugging Face cache; "
                 "nothing is downloaded at run time") from exc
         model.eval()

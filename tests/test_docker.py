@@ -100,7 +100,7 @@ def test_healthcheck_route_is_public_and_answers_503_until_loaded(tmp_path, monk
     from starlette.testclient import TestClient
 
     from embedpool.app.server import create_app
-    from embedpool.app.server.state import Engine
+    from embedpool.app.server.engine import Engine
     from embedpool.app.settings import Settings
 
     monkeypatch.setattr(Engine, "start", lambda self: None)  # stay "loading"

@@ -1,6 +1,7 @@
-"""The one error taxonomy (``embedpool.errors``): every error class embedpool defines has a kind,
-every kind has a row in the one table, and the kinds that are not the caller's fault never pass
-for bad input (``ValueError`` & co.)."""
+"""The one error taxonomy (``embedpool.errors``): one error class per kind and no other error
+class anywhere, every kind has a row in the one table (pinned here with literal statuses and
+exit codes), and the kinds that are not the caller's fault never pass for bad input
+(``ValueError`` & co.)."""
 
 from __future__ import annotations
 
@@ -34,79 +35,74 @@ def _error_classes() -> list[type[BaseException]]:
     return out
 
 
-def _kind_owner(c: type) -> type:
-    """The class in ``c``'s MRO whose own body sets ``kind``: ``EmbedpoolError`` itself means
-    that ``c`` (and every class between) forgot to choose one."""
-    return next(base for base in c.__mro__ if "kind" in vars(base))
-
-
-def test_a_class_that_forgets_its_kind_is_caught():
-    """The check below can fail: a subclass of the root without a kind of its own is flagged,
-    one of a kind's class (or with its own ``kind``) is not."""
-    from embedpool import errors
-
-    class Forgot(EmbedpoolError):
-        pass
-
-    class ForgotTwice(Forgot):
-        pass
-
-    class Chose(EmbedpoolError):
-        kind = Kind.CONFLICT
-
-    assert _kind_owner(Forgot) is _kind_owner(ForgotTwice) is EmbedpoolError
-    assert _kind_owner(Chose) is Chose and _kind_owner(errors.MissingFileError) is errors.NotFoundError
+#: The one table, written out: a change of a status or an exit code is a change of the API and
+#: of every script that reads the exit code, so it must show up here (not only in TABLE).
+EXPECTED = {
+    Kind.INVALID: (422, "validation_error", 2),
+    Kind.TOO_LARGE: (413, "payload_too_large", 2),
+    Kind.UNAUTHORIZED: (401, "unauthorized", 2),
+    Kind.NOT_FOUND: (404, "not_found", 2),
+    Kind.CONFLICT: (409, "conflict", 2),
+    Kind.OVERLOADED: (429, "overloaded", 75),
+    Kind.UNAVAILABLE: (503, "not_ready", 69),
+    Kind.INTERNAL: (500, "internal_error", 70),
+}
 
 
 def test_the_table_covers_every_kind_once():
-    assert set(TABLE) == set(Kind)
-    statuses = [o.status for o in TABLE.values()]
-    assert len(set(statuses)) == len(statuses)  # a status names one kind (the HTTP layer maps back)
-    assert all(o.exit_code == 2 for k, o in TABLE.items()
-               if k in (Kind.INVALID, Kind.TOO_LARGE, Kind.NOT_FOUND, Kind.CONFLICT, Kind.UNAUTHORIZED))
-    assert TABLE[Kind.INTERNAL].exit_code == 70 and TABLE[Kind.INTERNAL].status == 500
-    assert TABLE[Kind.UNAVAILABLE].status == 503 and TABLE[Kind.TOO_LARGE].status == 413
+    assert {k: (o.status, o.type, o.exit_code) for k, o in TABLE.items()} == EXPECTED
 
 
-def test_every_error_class_has_a_mapped_kind():
-    """Walks every module of the three layers: an exception class that is not an
-    EmbedpoolError, or whose kind is not in the table, fails here."""
-    from embedpool.app.server.errors import HTTP_ONLY, APIError
-
-    classes = _error_classes()
-    names = {c.__name__ for c in classes}
-    # the walk really reached the three layers
-    assert {"BackendError", "PoolerSpecError", "IndexJobError", "Overloaded", "APIError", "UsageError"} <= names
-    unmapped = [f"{c.__module__}.{c.__qualname__}" for c in classes
-                if c not in (EmbedpoolError, APIError)  # the root; APIError(message, kind=...) per instance
-                and not (issubclass(c, EmbedpoolError) and _kind_owner(c) is not EmbedpoolError)]
-    assert not unmapped, ("error classes that never chose a kind (they inherit the root's default, "
-                          f"internal: a silent 500): {unmapped}")
+def _per_kind() -> dict[Kind, type]:
     from embedpool import errors
 
-    per_kind = [errors.InvalidError, errors.TooLargeError, errors.UnauthorizedError, errors.NotFoundError,
-                errors.ConflictError, errors.OverloadedError, errors.UnavailableError, errors.InternalError]
-    assert {k.kind for k in per_kind} == set(Kind)
-    for c in classes:
-        for base in per_kind:  # a subclass of the class of a kind has that kind
-            if issubclass(c, base):
-                assert c.kind is base.kind, (c, base)
-        if issubclass(c, APIError) and c not in HTTP_ONLY:
-            assert c.http_status is None and c("x").status == TABLE[c.kind].status, c
+    return {Kind.INVALID: errors.InvalidError, Kind.TOO_LARGE: errors.TooLargeError,
+            Kind.UNAUTHORIZED: errors.UnauthorizedError, Kind.NOT_FOUND: errors.NotFoundError,
+            Kind.CONFLICT: errors.ConflictError, Kind.OVERLOADED: errors.OverloadedError,
+            Kind.UNAVAILABLE: errors.UnavailableError, Kind.INTERNAL: errors.InternalError}
+
+
+def _extra_classes(classes: list[type]) -> list[str]:
+    """The error classes of ``classes`` that are not the root or a kind's one class."""
+    allowed = {EmbedpoolError, *_per_kind().values()}
+    return [f"{c.__module__}.{c.__qualname__}" for c in classes if c not in allowed]
+
+
+def test_a_second_class_of_a_kind_is_caught():
+    """The check below can fail: a subclass of a kind's class, or of the root, is flagged."""
+    from embedpool import errors
+
+    class Mine(errors.InvalidError):
+        pass
+
+    class Rooted(EmbedpoolError):
+        kind = Kind.CONFLICT
+
+    assert _extra_classes([errors.InvalidError, Mine, Rooted, EmbedpoolError]) == [
+        f"{__name__}.{Mine.__qualname__}", f"{__name__}.{Rooted.__qualname__}"]
+
+
+def test_one_error_class_per_kind():
+    """Walks every module of the three layers: every exception class embedpool defines is the
+    root or the one class of a kind in ``embedpool.errors``, and each of those has its kind."""
+    classes = _error_classes()
+    # the walk really reached the three layers and the HTTP layer
+    assert {m.__name__ for m in _modules()} >= {"embedpool.app.server.errors", "embedpool.index.backends",
+                                                "embedpool.poolers.base", "embedpool.app.batcher"}
+    assert not _extra_classes(classes), ("error classes beside the one class per kind of embedpool.errors "
+                                         f"(raise the kind's class with param=...): {_extra_classes(classes)}")
+    assert {kind: cls.kind for kind, cls in _per_kind().items()} == {k: k for k in Kind}
+    assert all(c.__module__ == "embedpool.errors" for c in _per_kind().values())
 
 
 def test_errors_that_are_not_the_callers_fault_are_never_bad_input():
     user_builtins = (ValueError, TypeError, LookupError, OSError)
-    for c in _error_classes():
-        if issubclass(c, EmbedpoolError) and c.kind in (Kind.UNAVAILABLE, Kind.INTERNAL, Kind.OVERLOADED):
-            assert not issubclass(c, user_builtins), f"{c.__qualname__} ({c.kind.value}) is a {c.__mro__}"
-
-
-def test_backend_error_is_unavailable_not_invalid():
-    from embedpool.index import BackendError, CollectionError
-
-    assert BackendError.kind is Kind.UNAVAILABLE and TABLE[BackendError.kind].status == 503
-    assert not issubclass(BackendError, (ValueError, CollectionError))
+    for kind in (Kind.UNAVAILABLE, Kind.INTERNAL, Kind.OVERLOADED):
+        c = _per_kind()[kind]
+        assert not issubclass(c, user_builtins), f"{c.__qualname__} ({kind.value}) is a {c.__mro__}"
+    for kind in (Kind.INVALID, Kind.TOO_LARGE, Kind.CONFLICT):
+        assert issubclass(_per_kind()[kind], ValueError)
+    assert issubclass(_per_kind()[Kind.NOT_FOUND], LookupError)
 
 
 def test_foreign_exceptions_are_bugs_unless_their_meaning_is_plain():
@@ -120,11 +116,11 @@ def test_foreign_exceptions_are_bugs_unless_their_meaning_is_plain():
     assert kind_of(e.value) is Kind.INVALID
 
 
-def test_mixins_keep_except_clauses_working():
+def test_an_error_carries_its_parameter_and_reason():
     from embedpool import errors
 
-    assert isinstance(errors.InvalidTypeError("x"), TypeError) and isinstance(errors.InvalidTypeError("x"), ValueError)
-    missing = errors.MissingFileError("no such head")
-    assert isinstance(missing, FileNotFoundError) and missing.kind is Kind.NOT_FOUND and str(missing) == "no such head"
     err = errors.InvalidError("bad", param="inputs[0]")
-    assert (str(err), err.param, err.outcome) == ("bad", "inputs[0]", TABLE[Kind.INVALID])
+    assert (str(err), err.param, err.code, err.outcome) == ("bad", "inputs[0]", None, TABLE[Kind.INVALID])
+    assert isinstance(err, ValueError) and not isinstance(errors.UnavailableError("down"), ValueError)
+    busy = errors.OverloadedError("queue full", retry_after=3, code="queue")
+    assert (busy.retry_after, busy.code, busy.outcome.status) == (3, "queue", 429)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from embedpool.errors import MissingFileError
+from embedpool.errors import NotFoundError
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 BENCHMARKS = {
@@ -36,6 +36,6 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     script = BENCH_DIR / f"{args.name}.py"
     if not script.is_file():
-        raise MissingFileError(f"{script} not found: the benchmarks run from a source checkout "
+        raise NotFoundError(f"{script} not found: the benchmarks run from a source checkout "
                                 "(git clone, then `make setup`), not from an installed wheel")
     return subprocess.call([sys.executable, str(script), *args.args], cwd=BENCH_DIR.parent)

@@ -31,11 +31,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.input:
         with open(args.input, encoding="utf-8") as f:
             texts += read_texts(f, args.input)
+    from embedpool.poolers import EmbedOptions
+
     settings = from_args(args)
     embedder = load_embedder(settings)
     spec = args.pooler or settings.pooler
-    result = embedder.embed(texts, [spec], role=args.role, normalize=not args.no_normalize,
-                            dimensions=args.dimensions)
+    options = EmbedOptions(role=args.role, normalize=not args.no_normalize, dimensions=args.dimensions)
+    result = embedder.embed(texts, [spec], options)
     key = "embeddings" if result.multi_vector[spec] else "embedding"
     out = sys.stdout
     for i, vec in enumerate(result.vectors[spec]):

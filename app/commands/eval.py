@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import (add_candidate_args, add_data_sources, add_fusion_args, add_job_args,
                                            command, job_options)
 from embedpool.app.settings import from_args, load_embedder
+from embedpool.errors import InvalidError
 from embedpool.index import SEARCH_MODES
 
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(args, model=models[0][1])
     if args.stress:
         if len(models) > 1:
-            raise UsageError("--stress evaluates one model; give one --model")
+            raise InvalidError("--stress evaluates one model; give one --model")
         return _stress(args, settings, modes, log)
     one = _evaluation(args, modes, log)
     if len(models) == 1:
@@ -111,7 +111,7 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
         data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
         log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")
     elif args.max_docs:
-        raise UsageError("--max-docs does not apply to --synthetic-long; use --max-queries")
+        raise InvalidError("--max-docs does not apply to --synthetic-long; use --max-queries")
 
     def one(embedder, name: str | None) -> dict:
         index_dir = str(Path(args.index_dir) / name) if args.index_dir and name else args.index_dir
@@ -138,7 +138,7 @@ def _stress(args: argparse.Namespace, settings, modes: list[str], log) -> int:
     from embedpool.app import evaluation as ev
 
     if not (args.sts or args.data):
-        raise UsageError("--stress runs on --data (BEIR) or --sts")
+        raise InvalidError("--stress runs on --data (BEIR) or --sts")
     if args.sts:
         pairs = datasets.load_sts(args.sts, args.split)[: args.max_pairs]
         kw = dict(sts=pairs, baseline=args.baseline, info={"dataset": Path(args.sts).name, "split": args.split})

@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from embedpool.app.indexing import IndexJob, format_summary
 
     if args.engine != "ray" and (args.ray_address or args.workers or args.worker_threads):
-        from embedpool.app.cli import UsageError
+        from embedpool.errors import InvalidError
 
-        raise UsageError("--ray-address, --workers and --worker-threads apply to --engine ray only")
+        raise InvalidError("--ray-address, --workers and --worker-threads apply to --engine ray only")
     if args.engine == "ray":  # before the model loads
         import_extra("ray", "ray", "--engine ray")
     settings = from_args(args)

@@ -8,9 +8,9 @@ import contextlib
 import json
 import sys
 
-from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import add_candidate_args, add_fusion_args, command
 from embedpool.app.settings import from_args, load_embedder
+from embedpool.errors import InvalidError
 from embedpool.index import ALL_MODES, SEARCH_MODES
 
 
@@ -80,6 +80,6 @@ def _model_of(coll, args: argparse.Namespace) -> str:
         from embedpool.poolers.encoder import resolve_model
 
         if resolve_model(args.model)[0] != spec.model:
-            raise UsageError(f"collection {args.collection!r} was made with model {spec.model!r}, "
-                             f"not {args.model!r}; leave --model out to use the collection's model")
+            raise InvalidError(f"collection {args.collection!r} was made with model {spec.model!r}, "
+                               f"not {args.model!r}; leave --model out to use the collection's model")
     return spec.model

@@ -14,7 +14,9 @@ def register(sub) -> None:
     p = command(
         sub, "serve", run, help="run the HTTP API",
         description="Serve embeddings and collections over HTTP (docs at /docs). Every option is also "
-                    "an EMBEDPOOL_* environment variable (e.g. EMBEDPOOL_API_KEY); flags win.", storage=True)
+                    "an EMBEDPOOL_* environment variable (e.g. EMBEDPOOL_API_KEY); flags win. Several models: "
+                    "--model NAME=PATH_OR_ID, repeated (the first the default); requests pick one by `model`.",
+        storage=True, several_models=True)
     p.add_argument("--host", help="address to bind (env EMBEDPOOL_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (env EMBEDPOOL_PORT, default 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env EMBEDPOOL_API_KEY; "

@@ -14,7 +14,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 from embedpool.app import datasets
-from embedpool.app.cli import UsageError
 from embedpool.app.commands.common import add_data_sources, command
 from embedpool.app.settings import from_args, load_embedder
 from embedpool.errors import InvalidError, TooLargeError
@@ -121,7 +120,7 @@ def guard_texts(args: argparse.Namespace) -> Texts | None:
         return None
     split = args.guard_split or ("train" if args.guard_data else "dev")
     if split == "test":
-        raise UsageError("--guard-split test: early stopping must not look at a test split")
+        raise InvalidError("--guard-split test: early stopping must not look at a test split")
     return _pairs(args.guard_data, args.guard_sts, split)
 
 
@@ -133,7 +132,7 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
         from embedpool.poolers.training import ict_spans
 
         if args.self_supervised != "ict":
-            raise UsageError("--corpus needs --self-supervised ict")
+            raise InvalidError("--corpus needs --self-supervised ict")
         # documents as retrieval evaluation reads them (title + " " + text, file order): their
         # token states are one cache shared with the evaluation
         docs = [r.text for r in datasets.load_corpus(args.corpus)][: args.max_docs]
@@ -142,9 +141,9 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
     dev = None
     if args.dev_split:
         if args.dev_split == "test":
-            raise UsageError("--dev-split test: early stopping must not look at the test split")
+            raise InvalidError("--dev-split test: early stopping must not look at the test split")
         if not (args.data or args.sts):
-            raise UsageError("--dev-split needs --data or --sts")
+            raise InvalidError("--dev-split needs --data or --sts")
         dev = _pairs(args.data, args.sts, args.dev_split)
     if len(train.pairs) < 4:
         raise InvalidError(f"only {len(train.pairs)} training pairs found; need at least 4")

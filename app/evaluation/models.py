@@ -19,33 +19,12 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from embedpool.app.settings import model_entries  # noqa: F401  (the one parser of --model entries)
 from embedpool.errors import InvalidError
-
-
-def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | None]]:
-    """``(name, path or id)`` per ``--model`` value, in order: ``NAME=PATH_OR_ID`` names it, a
-    bare folder or id is named by its last part (``None``: the packaged default model)."""
-    if values is None or isinstance(values, str):
-        values = [values] if values else [None]
-    out: list[tuple[str, str | None]] = []
-    for value in values:
-        if value and "=" in value and not Path(value).expanduser().exists():
-            name, _, path = value.partition("=")
-            name, path = name.strip(), path.strip()
-            if not name or not path:
-                raise InvalidError(f"--model {value!r}: use NAME=PATH_OR_ID or PATH_OR_ID")
-        else:
-            path = value or None
-            name = Path(value).name if value else "all-MiniLM-L6-v2"
-        if name in (n for n, _ in out):
-            raise InvalidError(f"--model: two models are named {name!r}; name them (NAME=PATH_OR_ID)")
-        out.append((name, path))
-    return out
 
 
 def evaluate_models(models: Sequence[tuple[str, str | None]], load: Callable[[str | None], Any],

@@ -116,17 +116,16 @@ class QueryVectors:
         """Embed the queries for every embedding not done yet."""
         missing = [e for e in dict.fromkeys(embeddings) if e not in self.vectors]
         for opts, poolers in embedding_calls(missing):
-            kw = {"normalize": opts["normalize"], "dimensions": opts["dimensions"]}
-            done = embed_by_plan(embedder, self.texts, poolers, opts["role"], **kw)
+            done = embed_by_plan(embedder, self.texts, poolers, opts)
             lat: dict[str, list[float]] = {}
             fwd: dict[str, list[float]] = {}
             for t in self.texts[: self.latency_queries]:
-                one = embed_by_plan(embedder, [t], poolers, opts["role"], **kw)
+                one = embed_by_plan(embedder, [t], poolers, opts)
                 for p in poolers:
                     lat.setdefault(p, []).append(one.seconds[p])
                     fwd.setdefault(p, []).append(one.forward[p])
             for p in poolers:
-                e = Embedding(p, **opts)
+                e = Embedding(p, opts)
                 self.vectors[e], self.seconds[e] = done.vectors[p], done.seconds[p]
                 self.latency[e] = statistics.fmean(lat[p]) if lat else 0.0
                 self.forward[e] = statistics.fmean(fwd[p]) if fwd else 0.0

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from embedpool.app.encoding import embed_by_plan
+from embedpool.poolers import EmbedOptions
 from embedpool.app.retrieval import similarity
 from embedpool.errors import InvalidError
 
@@ -50,7 +51,7 @@ def evaluate_sts(embedder, pairs: list[tuple[str, str, float]], poolers: list[st
         labels.setdefault(embedder.canonical(p), p)
     # Both sides of a pair are the same kind of text: embed them all as documents, so a
     # document-side pooler (cluster) pools them as it would pool a corpus.
-    emb = embed_by_plan(embedder, sentences, specs, "document")
+    emb = embed_by_plan(embedder, sentences, specs, EmbedOptions(role="document"))
     gold = np.array([p[2] for p in pairs])
     preds, rows = {}, []
     for s in specs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -13,8 +14,10 @@ from embedpool.app.server.auth import AuthMiddleware
 from embedpool.app.server.limits import BodyLimitMiddleware
 from embedpool.app.server.metrics import Metrics, MetricsMiddleware
 from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tei, tokenize
-from embedpool.app.server.state import Collections, Engine
-from embedpool.app.settings import Settings
+from embedpool.app.server.engine import Engine, Engines
+from embedpool.app.server.errors import MODELS_PREFIX
+from embedpool.app.server.state import Collections
+from embedpool.app.settings import Settings, model_entries
 
 log = logging.getLogger("embedpool.server")
 
@@ -35,31 +38,44 @@ The pooler playground, a page that compares poolers on your texts or collections
 API, is at [`/playground/`](/playground/)."""
 
 
-def create_app(settings: Settings | None = None, *, embedder: Any = None) -> FastAPI:
-    """Build the app. The model loads in a background thread when the app starts (``/health``
-    answers 503 meanwhile) unless a loaded ``embedder`` is given."""
+def create_app(settings: Settings | None = None, *, embedder: Any = None,
+               embedders: Mapping[str, Any] | None = None) -> FastAPI:
+    """Build the app for the models of ``settings.model`` (one, or several ``NAME=PATH_OR_ID``
+    entries; the first is the default). Each loads in a background thread when the app starts
+    (``/health`` answers 503 meanwhile) unless loaded ones are given: ``embedder`` (one model) or
+    ``embedders`` (by name, in order)."""
     settings = settings or Settings()
     metrics = Metrics()
-    engine = Engine(settings, metrics, embedder)
+    if embedders is None:
+        entries = model_entries(settings.model)
+        if embedder is not None:
+            embedders = {entries[0][0]: embedder}
+    if embedders is not None:
+        engines = Engines([Engine(settings, metrics, emb, name) for name, emb in embedders.items()])
+    else:
+        engines = Engines([Engine(settings.model_copy(update={"model": path}), metrics, name=name)
+                           for name, path in entries])
     colls = Collections(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.start()
+        engines.start()
         try:
             yield
         finally:
-            engine.stop()
+            engines.stop()
             colls.close()
 
     app = FastAPI(title="embedpool", version=health.version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.engine = engine
+    app.state.engines = engines
     app.state.collections = colls
     for router in (health.router, embed.router, openai.router, collections.router, rerank.router,
                    tokenize.router, tei.router):
         app.include_router(router)
+    # each model's TEI surface at a base URL of its own (TEI serves one model per base URL)
+    app.include_router(tei.router, prefix=MODELS_PREFIX + "/{model}", include_in_schema=False)
     playground.mount(app)
     errors.install(app)
     # Outermost last: metrics see every answer, auth runs before the body is read.

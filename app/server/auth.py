@@ -16,7 +16,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from embedpool.app.server.errors import Unauthorized, render
+from embedpool.app.server.errors import render
+from embedpool.errors import UnauthorizedError
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/",
                           "/tei/health"})
@@ -33,10 +34,10 @@ def check(authorization: str | None, api_key: str | None) -> None:
     if not api_key:
         return
     if not authorization:
-        raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+        raise UnauthorizedError("missing API key: send the header 'Authorization: Bearer <key>'")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-        raise Unauthorized("invalid API key: send the header 'Authorization: Bearer <key>' with the server's key")
+        raise UnauthorizedError("invalid API key: send the header 'Authorization: Bearer <key>' with the server's key")
 
 
 async def require_api_key(request: Request,
@@ -61,7 +62,7 @@ class AuthMiddleware:
                     break
             try:
                 check(header, self.api_key)
-            except Unauthorized as err:
+            except UnauthorizedError as err:
                 await render(scope["path"], err)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine, Engines
+from embedpool.app.server.state import Collections
 from embedpool.app.settings import Settings
 
 
@@ -16,8 +17,13 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_engines(request: Request) -> Engines:
+    return request.app.state.engines
+
+
 async def get_engine(request: Request) -> Engine:
-    return request.app.state.engine
+    """The model of a route whose path names it (``/models/NAME/tei/...``), else the default."""
+    return request.app.state.engines.pick(request.path_params.get("model"))
 
 
 async def get_collections(request: Request) -> Collections:

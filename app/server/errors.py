@@ -37,7 +37,9 @@ client's next request on that keep-alive connection fails.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -48,106 +50,43 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedpool.app.server import schemas
-from embedpool import errors
 from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
 
 log = logging.getLogger("embedpool.server")
 
 
-class APIError(EmbedpoolError, StarletteHTTPException):
-    """An error raised by the HTTP layer itself, with a kind and a message meant for the client.
+@dataclass(frozen=True)
+class Reply:
+    """One error as the HTTP layer answers it: the kind's status and type from ``TABLE``, or, for
+    the few answers only HTTP has, the status and type of its :attr:`code` in :data:`HTTP_ONLY`."""
 
-    Its status and type are its kind's in ``TABLE``; only the HTTP-only errors below
-    (:class:`MethodNotAllowed`, :class:`ClientClosed`) set :attr:`http_status` and
-    :attr:`http_type` instead. (A Starlette ``HTTPException`` too, so that FastAPI re-raises it
-    unchanged when it is raised while the request body is read.)
-    """
-
-    http_status: int | None = None
-    http_type: str | None = None
-
-    def __init__(self, message: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None, kind: Kind | None = None,
-                 retry_after: int | None = None) -> None:
-        if kind is not None:
-            self.kind = kind
-        headers = dict(headers or {})
-        if retry_after is not None:
-            headers.setdefault("Retry-After", str(retry_after))
-        StarletteHTTPException.__init__(self, self.status, message, headers or None)
-        self.message, self.param, self.retry_after = message, param, retry_after
+    kind: Kind
+    message: str
+    param: str | None = None
+    retry_after: int | None = None
+    code: str | None = None
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def status(self) -> int:
-        return self.http_status or TABLE[self.kind].status
+        return HTTP_ONLY[self.code][0] if self.code in HTTP_ONLY else TABLE[self.kind].status
 
     @property
     def type(self) -> str:
-        return self.http_type or TABLE[self.kind].type
-
-    @classmethod
-    def of(cls, exc: EmbedpoolError) -> "APIError":
-        """The response of any :class:`EmbedpoolError` (index, poolers, batcher, ...)."""
-        return cls(exc.message, param=exc.param, kind=exc.kind, retry_after=exc.retry_after)
+        return self.code if self.code in HTTP_ONLY else TABLE[self.kind].type
 
 
-# The HTTP layer's own errors, one per kind: each is also that kind's class of embedpool.errors.
-class Unauthorized(APIError, errors.UnauthorizedError):
-    """No or a wrong API key."""
-
-
-class NotFound(APIError, errors.NotFoundError):
-    """No such route."""
-
-
-class Conflict(APIError, errors.ConflictError):
-    """A collection made by another model."""
-
-
-class PayloadTooLarge(APIError, errors.TooLargeError):
-    """A body, a batch or an input over its limit."""
-
-
-class Invalid(APIError, errors.InvalidError):
-    """A field the client must change."""
-
-
-class TooManyRequests(APIError, errors.OverloadedError):
-    """The queue is full."""
-
-
-class NotReady(APIError, errors.UnavailableError):
-    """The model is loading or failed to load."""
-
-
-class Internal(APIError, errors.InternalError):
-    """A bug."""
-
-
-class MethodNotAllowed(APIError):
-    """HTTP only: a known route asked with the wrong method."""
-
-    kind = Kind.INVALID
-    http_status, http_type = 405, "method_not_allowed"
-
-
-class ClientClosed(APIError):
-    """HTTP only: the client went away before its answer was ready (nginx's 499; nobody reads it)."""
-
-    kind = Kind.INVALID
-    http_status, http_type = 499, "client_closed"
-
-
-class EmptyInput(APIError):
-    """HTTP only, the TEI surface: an empty list of inputs (TEI's 400 ``Empty``; embedpool's own
-    routes refuse it in validation, a 422)."""
-
-    kind = Kind.INVALID
-    http_status, http_type = 400, "empty"
-
-
-#: The errors whose status is not their kind's (everything else follows ``TABLE``).
-HTTP_ONLY: tuple[type[APIError], ...] = (MethodNotAllowed, ClientClosed, EmptyInput)
+#: The answers whose status is not their kind's, by the error's ``code``: (status, TEI's type).
+#: Everything else follows ``TABLE``.
+HTTP_ONLY: dict[str, tuple[int, str]] = {
+    # a known route asked with the wrong method
+    "method_not_allowed": (405, "MethodNotAllowed"),
+    # the client went away before its answer was ready (nginx's 499; nobody reads it)
+    "client_closed": (499, "ClientClosed"),
+    # the TEI surface: an empty list of inputs (TEI's 400 ``Empty``; embedpool's own routes
+    # refuse it in validation, a 422)
+    "empty": (400, "Empty"),
+}
 
 _KIND_OF_STATUS = {o.status: k for k, o in TABLE.items()}
 
@@ -155,33 +94,36 @@ INTERNAL_MESSAGE = "internal server error (a bug); the server log has the detail
 
 
 # ---------------------------------------------------------------------- mapping
-def from_exception(exc: BaseException) -> APIError:
-    """Map any exception to an :class:`APIError` (the whole mapping in one function)."""
-    if isinstance(exc, APIError):
+def from_exception(exc: BaseException) -> Reply:
+    """The answer to any exception (the whole mapping in one function)."""
+    if isinstance(exc, Reply):
         return exc
     if isinstance(exc, RequestValidationError):
-        message, field = _describe_validation(exc.errors())
-        return Invalid(message, param=field)
+        message, param = _describe_validation(exc.errors())
+        return Reply(Kind.INVALID, message, param)
     if isinstance(exc, StarletteHTTPException):  # raised by Starlette/FastAPI themselves
         return _from_http(exc)
     if isinstance(exc, EmbedpoolError):
-        return APIError.of(exc)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
+        return Reply(exc.kind, exc.message, exc.param, exc.retry_after, exc.code, headers)
     kind = kind_of(exc)
-    if kind is Kind.INTERNAL:
-        return Internal(INTERNAL_MESSAGE)
-    return APIError(f"{exc}", kind=kind)
+    return Reply(kind, INTERNAL_MESSAGE if kind is Kind.INTERNAL else f"{exc}")
 
 
-def _from_http(exc: StarletteHTTPException) -> APIError:
+def _from_http(exc: StarletteHTTPException) -> Reply:
+    if isinstance(exc.__cause__, EmbedpoolError):  # ours, raised while FastAPI read the body
+        return from_exception(exc.__cause__)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    headers = dict(exc.headers or {})
     if exc.status_code == 404:
-        return NotFound("no such route; see /docs for the API", headers=exc.headers)
+        return Reply(Kind.NOT_FOUND, "no such route; see /docs for the API", headers=headers)
     if exc.status_code == 405:
-        return MethodNotAllowed(f"method not allowed on this route; see /docs ({detail})", headers=exc.headers)
+        return Reply(Kind.INVALID, f"method not allowed on this route; see /docs ({detail})",
+                     code="method_not_allowed", headers=headers)
     if exc.status_code == 400:  # FastAPI: body that is not decodable
-        return Invalid("the request body could not be parsed: send UTF-8 JSON "
-                       "with 'Content-Type: application/json'", param="body")
-    return APIError(detail, headers=exc.headers, kind=_KIND_OF_STATUS.get(exc.status_code, Kind.INTERNAL))
+        return Reply(Kind.INVALID, "the request body could not be parsed: send UTF-8 JSON "
+                     "with 'Content-Type: application/json'", "body")
+    return Reply(_KIND_OF_STATUS.get(exc.status_code, Kind.INTERNAL), detail, headers=headers)
 
 
 _LOCATIONS = ("body", "query", "path", "header", "cookie")  # FastAPI's first element of a loc
@@ -272,6 +214,8 @@ OPENAI_TYPES: dict[Kind, str] = {
 
 #: Where the TEI-compatible surface is mounted (:mod:`app.server.routers.tei`).
 TEI_PREFIX = "/tei"
+#: Each served model's own TEI surface: ``/models/NAME/tei/...`` (a TEI client's base URL per model)
+MODELS_PREFIX = "/models"
 
 #: TEI's status and ``error_type`` of each kind on the TEI surface. TEI's own six types
 #: (``router/src/lib.rs``: Unhealthy 503, Backend 424, Overloaded 429, Validation 422,
@@ -290,27 +234,27 @@ TEI_TYPES: dict[Kind, tuple[int, str]] = {
     Kind.UNAVAILABLE: (503, "Unhealthy"),
     Kind.INTERNAL: (424, "Backend"),
 }
-#: the HTTP-only errors' TEI types (their status is their own)
-_TEI_HTTP_TYPES = {"method_not_allowed": "MethodNotAllowed", "client_closed": "ClientClosed", "empty": "Empty"}
 
 
-def tei(err: APIError) -> tuple[int, str]:
+def tei(err: Reply) -> tuple[int, str]:
     """TEI's status and ``error_type`` for ``err``."""
-    if err.http_status is not None:
-        return err.http_status, _TEI_HTTP_TYPES[err.type]
-    return TEI_TYPES[err.kind]
+    return HTTP_ONLY[err.code] if err.code in HTTP_ONLY else TEI_TYPES[err.kind]
 
 
 def _surface(path: str) -> str:
+    if path.startswith(MODELS_PREFIX + "/"):  # /models/NAME/tei/...: that model's TEI surface
+        rest = path.split("/", 3)
+        path = "/" + rest[3] if len(rest) > 3 else path
     if path == TEI_PREFIX or path.startswith(TEI_PREFIX + "/"):
         rest = path[len(TEI_PREFIX):]
         return "tei-openai" if rest.startswith("/v1/") or rest == "/embeddings" else "tei"
     return "openai" if path.startswith("/v1/") else "embedpool"
 
 
-def render(path: str, err: APIError) -> JSONResponse:
-    """The response for ``err`` on ``path``: OpenAI's shape under ``/v1/``, TEI's under ``/tei``."""
-    headers = dict(err.headers or {})
+def render(path: str, exc: BaseException | Reply) -> JSONResponse:
+    """The response for ``exc`` on ``path``: OpenAI's shape under ``/v1/``, TEI's under ``/tei``."""
+    err = from_exception(exc)
+    headers = dict(err.headers)
     status = err.status
     if status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
@@ -329,8 +273,8 @@ def render(path: str, err: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def _log(method: str, path: str, exc: BaseException, err: APIError) -> None:
-    if err.status < 500 or isinstance(exc, APIError):
+def _log(method: str, path: str, exc: BaseException, err: Reply) -> None:
+    if err.status < 500:
         return
     if isinstance(exc, EmbedpoolError) and exc.kind is not Kind.INTERNAL:
         log.warning("%s %s: %s", method, path, exc)  # e.g. the storage backend is down

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from embedpool.app.server.errors import Invalid
+from embedpool.errors import InvalidError
 from embedpool.poolers import quantize_output, unit_ranges
 from embedpool.poolers.output import DTYPES
 
@@ -31,33 +31,33 @@ def output_ranges(precision: str, ranges: list[list[float]] | None, *, normalize
     """The int8/uint8 ranges for a request (``None`` for the other precisions), or 422."""
     if not precision.endswith("int8"):
         if ranges is not None:
-            raise Invalid(f"ranges: only int8 and uint8 use ranges, not {precision}; drop the field",
-                          param="ranges")
+            raise InvalidError(f"ranges: only int8 and uint8 use ranges, not {precision}; drop the field",
+                               param="ranges")
         return None
     if ranges is None:
         if not normalize:
-            raise Invalid(f"ranges: {precision} of vectors that are not normalized needs explicit ranges "
-                          f"(the default [-1, 1] only bounds normalized vectors): send normalize=true, or "
-                          f"ranges=[[min per dimension...], [max per dimension...]] with {dim} values each",
-                          param="ranges")
+            raise InvalidError(f"ranges: {precision} of vectors that are not normalized needs explicit ranges "
+                               f"(the default [-1, 1] only bounds normalized vectors): send normalize=true, or "
+                               f"ranges=[[min per dimension...], [max per dimension...]] with {dim} values each",
+                               param="ranges")
         return unit_ranges(dim)
     lengths = [len(r) for r in ranges]
     if lengths != [dim, dim]:  # checked before numpy sees it: a ragged list is no array
-        raise Invalid(f"ranges: expected 2 lists of {dim} numbers (the minimum, then the maximum, of each "
-                      f"output dimension), got {len(lengths)} lists of {', '.join(map(str, lengths))} numbers",
-                      param="ranges")
+        raise InvalidError(f"ranges: expected 2 lists of {dim} numbers (the minimum, then the maximum, of each "
+                           f"output dimension), got {len(lengths)} lists of {', '.join(map(str, lengths))} numbers",
+                           param="ranges")
     arr = np.asarray(ranges, dtype=np.float64)
     if not np.isfinite(arr).all() or (arr[1] < arr[0]).any():
-        raise Invalid("ranges: every value must be finite, and each maximum at least its minimum",
-                      param="ranges")
+        raise InvalidError("ranges: every value must be finite, and each maximum at least its minimum",
+                           param="ranges")
     return arr.astype(np.float32)
 
 
 def sparse_vectors(vectors: list[np.ndarray], precision: str, encoding_format: str) -> list[dict[str, list]]:
     """A sparse pooler's vectors as ``{indices, values}`` of their non-zero weights (float32 numbers only)."""
     if precision != "float32" or encoding_format == "base64":
-        raise Invalid("a sparse pooler (splade) answers indices and values as float32 numbers: leave `precision` "
-                      "and `encoding_format` at their defaults", param="precision")
+        raise InvalidError("a sparse pooler (splade) answers indices and values as float32 numbers: leave `precision` "
+                           "and `encoding_format` at their defaults", param="precision")
     out = []
     for v in vectors:
         idx = np.flatnonzero(v)

@@ -26,3 +26,14 @@ class JSON(Response):
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+#: the OpenAPI description of an error in OpenAI's shape (``/v1/`` routes)
+OPENAI_ERROR = {"description": "OpenAI error shape: {\"error\": {\"message\", \"type\", \"param\", \"code\"}}"}
+
+
+def ranks(ranking: Any, texts: list[str], return_text: bool) -> list[dict[str, Any]]:
+    """TEI's rerank answer for an :class:`app.server.engine.Ranking`: ``[{index, score[, text]}]``,
+    best first (``/rerank`` and ``/tei/rerank``)."""
+    return [{"index": int(i), "score": float(ranking.scores[i]), **({"text": texts[i]} if return_text else {})}
+            for i in ranking.order]

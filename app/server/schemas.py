@@ -87,10 +87,15 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MODEL_DOC = ("which served model answers: its name (`--model NAME=...`), its id or an alias (GET /v1/models "
+             "lists them); default: the server's first model. An unknown one is a 404 naming the served ones")
+
+
 # ---------------------------------------------------------------------- /embed
 class EmbedRequest(Strict):
     inputs: TextOrTexts = Field(
         ..., description="a text or a list of texts", examples=[["A sentence to embed.", "Another one."]])
+    model: StrictStr | None = Field(None, max_length=512, description=MODEL_DOC)
     pooler: PoolerSpec | None = Field(None, description="one pooler spec (default: the server's)")
     poolers: list[PoolerSpec] | None = Field(
         None, min_length=1, max_length=16,
@@ -160,7 +165,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     input: TextOrTexts = Field(..., description="a text or a list of texts (token arrays are not supported)")
-    model: StrictStr | None = Field(None, description="accepted for compatibility; the server's model is used")
+    model: StrictStr | None = Field(None, max_length=512, description=(
+        "which served model answers (as `model` of POST /embed); a server of one model answers any name, as "
+        "OpenAI clients always send one"))
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
     user: StrictStr | None = None
@@ -212,6 +219,7 @@ class RerankRequest(Strict):
 
     query: Text = Field(..., examples=["What is deep learning?"])
     texts: Annotated[list[Text], AfterValidator(_at_least_one)] = Field(..., examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
+    model: StrictStr | None = Field(None, max_length=512, description=MODEL_DOC)
     pooler: PoolerSpec | None = Field(
         None, description="default `tokens`: a multi-vector pooler scores by MaxSim (late interaction, as ColBERT), "
                           "a single-vector one by cosine")
@@ -234,6 +242,7 @@ class TokenizeRequest(Strict):
     """TEI's tokenize request, plus `role`, `pooler` and `truncation_direction`."""
 
     inputs: TextOrTexts = Field(..., examples=["A sentence to tokenize."])
+    model: StrictStr | None = Field(None, max_length=512, description=MODEL_DOC)
     add_special_tokens: StrictBool = True
     prompt_name: StrictStr | None = Field(None, max_length=256, description="the model's prompt of this name")
     role: Role | None = Field(None, description="the role's prompt, as /embed applies it (default: no prompt, as TEI)")
@@ -390,7 +399,8 @@ class CohereRerankRequest(BaseModel):
     documents: Annotated[list[Text | RerankDocument], AfterValidator(_at_least_one)] = Field(
         ..., description="strings or `{\"text\": ...}` objects",
         examples=[["Deep learning is a kind of machine learning.", "Paris is in France."]])
-    model: StrictStr | None = Field(None, description="accepted for compatibility; the server's model answers")
+    model: StrictStr | None = Field(None, max_length=512, description=(
+        "which served model answers (as `model` of POST /rerank); a server of one model answers any name"))
     top_n: StrictInt | None = Field(None, ge=1, description="answer the best N (default: all)")
     return_documents: StrictBool | None = Field(False, description="include each document as `{\"text\": ...}`")
     pooler: PoolerSpec | None = Field(None, description="extension, as on POST /rerank (default `tokens`: MaxSim)")
@@ -435,6 +445,9 @@ CollectionName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]
 
 class CollectionCreate(Strict):
     name: CollectionName
+    model: StrictStr | None = Field(None, max_length=512, description=(
+        "the served model whose vectors it holds (default: the server's first); every upsert and search of the "
+        "collection is embedded with it"))
     pooler: PoolerSpec | None = Field(None, description="default: the server's pooler")
     kind: Literal["single", "multi"] | None = Field(
         None, description="default: `multi` for multi-vector poolers, else `single`")
@@ -525,6 +538,9 @@ FILTER_DOC = ("metadata filter, applied inside the search (k hits whenever k doc
 class SearchRequest(Strict):
     query: Text | None = Field(None, description="one query (answer: `hits`)")
     queries: list[Text] | None = Field(None, min_length=1, description="several queries (answer: `results`)")
+    model: StrictStr | None = Field(None, max_length=512, description=(
+        "optional: the model the caller expects; a collection is always searched with its own model, and another "
+        "one named here is a 409"))
     k: StrictInt = Field(10, ge=1, le=1000)
     mode: Literal[ALL_MODES] = Field(
         "exhaustive", description="`bm25`: the collection's lexical index; `hybrid`: BM25 fused with `vector_mode`; "
@@ -592,6 +608,8 @@ class Health(BaseModel):
     status: Literal["ready", "loading", "failed"]
     model: str | None = None
     error: str | None = None
+    models: dict[str, Literal["ready", "loading", "failed"]] | None = Field(
+        None, description="several models served: each one's status, by name")
     storage: StorageHealth | None = Field(
         None, description="whether the collections' storage answers now (a Milvus server may be down while "
                           "embedding still works: the status stays 200, collection requests answer 503)")
@@ -605,6 +623,18 @@ class PoolerInfo(BaseModel):
     all_layers: bool = Field(False, description="reads every hidden layer (from the same forward pass)")
 
 
+class ModelInfo(BaseModel):
+    name: str = Field(..., description="what requests call it (`model`)")
+    status: str
+    model: str | None = Field(None, description="its id (a Hugging Face id or folder)")
+    dim: int | None = None
+    max_length: int | None = None
+    precision: str
+    precision_reason: str | None = None
+    default_pooler: str
+    error: str | None = None
+
+
 class Info(BaseModel):
     status: str
     version: str
@@ -616,6 +646,7 @@ class Info(BaseModel):
     precision_reason: str | None = Field(None, description="why this path was chosen on this CPU")
     cpu: str | None = Field(None, description="CPU features that decided it")
     default_pooler: str
+    models: list[ModelInfo] = Field(default_factory=list, description="every served model, the default first")
     poolers: list[PoolerInfo]
     collections: list[str]
     limits: dict[str, Any]

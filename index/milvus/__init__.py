@@ -41,13 +41,13 @@ Durability: every write is applied to Milvus at once (Milvus' own WAL makes it d
 manifest. Milvus has no multi-row transactions: replacing a multi-vector document upserts its
 companion rows (if it has them), its later parts, then its part 0, then its token rows, then
 deletes surplus rows of a longer old version. Every part carries the write's stamp: a crash in
-the middle that leaves parts of two versions is detected on read (:class:`CorruptCollectionError`
+the middle that leaves parts of two versions is detected on read (:class:`InternalError`
 naming the document); a document within one row (the usual case) is replaced atomically. Add the
 document again to repair it.
 
 Milvus Lite allows one process per ``.db`` (it holds a file lock); to share an index between
 processes or API replicas, run a Milvus server and pass its URI. When Milvus cannot be reached,
-calls fail with :class:`index.BackendError` and the next call reconnects (:mod:`.connection`).
+calls fail with :class:`~embedpool.errors.UnavailableError` and the next call reconnects (:mod:`.connection`).
 """
 
 from __future__ import annotations
@@ -56,14 +56,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from embedpool.errors import import_extra
+from embedpool.errors import ConflictError, NotFoundError, UnavailableError, import_extra
 
 # pymilvus and pybase64 come with the `milvus` extra: say so before the imports below fail
 import_extra("pymilvus", "milvus", "The Milvus backend")
 import_extra("pybase64", "milvus", "The Milvus backend")
 
 from ..backends import Backend, Where
-from ..errors import BackendError, CollectionNotFoundError, NotACollectionError
 from ..spec import CollectionSpec
 from .collection import MilvusCollection
 from .connection import ClientPool, Connection, is_lite
@@ -96,10 +95,10 @@ def _drop(conn: Connection, name: str) -> None:
     with ClientPool.write_lock(conn, mname), conn.errors(f"dropping collection {name!r}"):
         client = conn.client()
         if not client.has_collection(mname):
-            raise CollectionNotFoundError(f"no collection {name!r} in Milvus")
+            raise NotFoundError(f"no collection {name!r} in Milvus")
         props = client.describe_collection(mname).get("properties") or {}
         if MANIFEST_KEY not in props and OWNER_KEY not in props:  # a half-made one may go
-            raise NotACollectionError(
+            raise ConflictError(
                 f"Milvus collection {mname!r} was not created by embedpool; not dropping it")
         drop_all(client, mname)  # with a multi-vector collection's token and companion rows
 
@@ -148,13 +147,13 @@ class MilvusBackend(Backend):
             return out
         try:
             conn = ClientPool.acquire(uri, where.token)
-        except BackendError as e:
+        except UnavailableError as e:
             return {**out, "status": "unreachable", "error": str(e)}
         try:
             with conn.errors("health check"):
                 conn.client().get_server_version(timeout=STATUS_TIMEOUT)
             return {**out, "version": conn.features.name}
-        except BackendError as e:
+        except UnavailableError as e:
             return {**out, "status": "unreachable", "error": str(e)}
         finally:
             ClientPool.release(conn)

@@ -14,8 +14,7 @@ import numpy as np
 from ..base import Capabilities, CollectionBase, Hit, make_stats
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
-from ..errors import (BackendError, CollectionNotFoundError, CorruptCollectionError, DocumentNotFoundError,
-                      FormatVersionError, InvalidInputError)
+from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError, UnavailableError
 from ..filters import Node, milvus_metadata, to_milvus
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name
@@ -74,7 +73,7 @@ def check_layout(manifest: dict[str, Any], name: str, uri: str) -> dict[str, int
         return None
     layout = manifest.get("milvus_layout") or {"version": 1}
     if layout.get("version") != LAYOUT:
-        raise FormatVersionError(
+        raise ConflictError(
             f"multi-vector collection {name!r} in Milvus at {uri} has storage layout "
             f"{layout.get('version')}{' (one row per token vector)' if layout.get('version') == 1 else ''}, "
             f"but this embedpool reads layout {LAYOUT} (one row per document, vectors packed); rebuild "
@@ -95,7 +94,7 @@ class MilvusCollection(CollectionBase):
     def create(cls, uri: str, name: str, spec: CollectionSpec, *,
                token: str | None = None) -> "MilvusCollection":
         """Create collection ``name``; if it exists with an equal spec, open it; if with a
-        different spec, raise :class:`SpecMismatchError` naming the differing fields."""
+        different spec, raise :class:`ConflictError` naming the differing fields."""
         check_factories(check_new_spec(name, spec))
         conn = ClientPool.acquire(uri, token)
         try:
@@ -108,7 +107,7 @@ class MilvusCollection(CollectionBase):
 
     @classmethod
     def open(cls, uri: str, name: str, *, token: str | None = None) -> "MilvusCollection":
-        """Open an existing collection (:class:`CollectionNotFoundError` if absent)."""
+        """Open an existing collection (:class:`NotFoundError` if absent)."""
         check_name(name)
         conn = ClientPool.acquire(uri, token)
         try:
@@ -264,7 +263,7 @@ class MilvusCollection(CollectionBase):
             self._rpc(f"delete from {self.name!r}", "delete", ids=b, coll=coll)
 
     def delete(self, ids: Sequence[str]) -> None:
-        """Delete documents by id. Any unknown id: :class:`DocumentNotFoundError`, nothing deleted."""
+        """Delete documents by id. Any unknown id: :class:`NotFoundError`, nothing deleted."""
         ids = self._check_delete(ids)
         if not ids:
             return
@@ -327,7 +326,7 @@ class MilvusCollection(CollectionBase):
         with self._conn.errors(f"checking collection {self.name!r}"):
             exists = self._client.has_collection(self._mname)
         if not exists:
-            raise CollectionNotFoundError(f"collection {self.name!r} was dropped from Milvus at {self.uri}")
+            raise NotFoundError(f"collection {self.name!r} was dropped from Milvus at {self.uri}")
         return False
 
     def close(self) -> None:
@@ -346,7 +345,7 @@ class MilvusCollection(CollectionBase):
     # ---- search hooks ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise InvalidInputError(f"collection {self.name!r} is closed")
+            raise InvalidError(f"collection {self.name!r} is closed")
 
     def _ann(self, x: np.ndarray, k: int, output_fields: list[str], coll: str | None = None,
              **kwargs: Any) -> list[list[dict]]:
@@ -458,7 +457,7 @@ class MilvusCollection(CollectionBase):
             try:
                 res = self._ann(cq, k, ["doc_id"], coll=self._cname, group_by_field="doc_id", filter=expr)
                 out = [_distinct_docs(row, k, keep) for row in res]
-            except BackendError as e:
+            except UnavailableError as e:
                 if self._conn.broken:  # unreachable: not a refusal to group
                     raise
                 log.info("collection %r: grouping search refused (%s); over-fetching rows instead", self.name, e)
@@ -499,7 +498,7 @@ class MilvusCollection(CollectionBase):
     def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
         """BM25 by Milvus' own full-text search (the BM25 function of the ``text`` field)."""
         if not self._manifest.get("milvus_full_text"):
-            raise InvalidInputError(
+            raise InvalidError(
                 f"collection {self.name!r} in Milvus at {self.uri} has no full-text (BM25) index: "
                 + ("the Milvus server it was created on had no full-text search (Milvus 2.5 and later have it)"
                    if self.spec.lexical else "it was created without one (analyzer 'none')"))
@@ -615,7 +614,7 @@ class MilvusCollection(CollectionBase):
             else:
                 heads = self._get([id], ["id", *self._doc_fields, "vector"])
         if not heads:
-            raise DocumentNotFoundError(f"no document {id!r} in collection {self.name!r}")
+            raise NotFoundError(f"no document {id!r} in collection {self.name!r}")
         h = heads[0]
         text, meta = text_and_metadata(h)
         out: dict[str, Any] = {"id": id, "text": text, "metadata": meta}
@@ -633,8 +632,8 @@ class MilvusCollection(CollectionBase):
                                                        self._cname)}
         vecs = [rows.get(pk(doc_id, p)) for p in range(n_rows)]
         if any(v is None for v in vecs):
-            raise CorruptCollectionError(f"document {doc_id!r} lacks companion rows (an interrupted write); "
-                                         "add the document again to repair it")
+            raise InternalError(f"document {doc_id!r} lacks companion rows (an interrupted write); "
+                                "add the document again to repair it")
         return np.asarray(vecs, dtype=np.float32).reshape(n_rows, self.spec.companion_dim)
 
     def ids(self) -> list[str]:
@@ -697,10 +696,10 @@ def _check_sizes(ids: list[str], texts: list[str | None]) -> None:
     """Milvus' field limits on ids and texts (checked before anything is written)."""
     for i in ids:
         if len(i.encode()) > MAX_ID_BYTES:
-            raise InvalidInputError(f"id {i[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
+            raise InvalidError(f"id {i[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
     for i, t in zip(ids, texts):
         if t is not None and len(t.encode()) > MAX_TEXT_BYTES:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"text of id {i!r} is {len(t.encode())} bytes; Milvus stores at most "
                 f"{MAX_TEXT_BYTES} bytes of text per document")
 

@@ -5,7 +5,7 @@ that recovers when Milvus goes away and comes back.
 engine -- with milvus-lite 3, a gRPC server on a thread of this process -- for it) or a Milvus
 server (``http://host:19530``, optional ``token``).
 
-Recovery: a call that cannot reach Milvus fails with :class:`BackendError` (an *unavailable*
+Recovery: a call that cannot reach Milvus fails with :class:`UnavailableError` (an *unavailable*
 error: the HTTP API answers 503) and marks the connection broken; the next call makes a new
 client -- for a Milvus Lite file, after stopping the dead engine, a new engine for the same file
 -- so requests succeed again as soon as Milvus is back, without restarting embedpool. A
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError, CollectionLockedError, CollectionNotFoundError
+from embedpool.errors import ConflictError, NotFoundError, UnavailableError
 from .versions import MilvusFeatures, features_of
 
 log = logging.getLogger("embedpool.index")
@@ -57,14 +57,6 @@ def not_loaded(e: Exception) -> bool:
 def _unreachable(uri: str, what: str, msg: str) -> str:
     return (f"{what}: Milvus at {uri} is unreachable ({msg}); the request can be retried once "
             "Milvus is back (embedpool reconnects by itself)")
-
-
-class _ConnectFailed(BackendError):
-    """A new client could not reach Milvus (``detail``: pymilvus' reason)."""
-
-    def __init__(self, uri: str, detail: str) -> None:
-        super().__init__(_unreachable(uri, "cannot connect to Milvus", detail))
-        self.detail = detail
 
 
 def _stop_lite_engine(uri: str) -> None:
@@ -123,19 +115,20 @@ class Connection:
             self._client = MilvusClient(uri=self.uri, token=self.token or "", dedicated=True)
         except MilvusException as e:
             if is_lite(self.uri):
-                raise CollectionLockedError(
+                raise ConflictError(
                     f"cannot open Milvus Lite database {self.uri}: {e.message}. Milvus Lite allows one "
                     "process per .db file; stop the other process, or run a Milvus server and use "
                     "its http:// URI") from None
-            raise _ConnectFailed(self.uri, e.message) from None
+            raise UnavailableError(_unreachable(self.uri, "cannot connect to Milvus", e.message)) from None
         try:
             reported = self._client.get_server_version()
         except Exception as e:  # noqa: BLE001 -- pymilvus or gRPC: Milvus did not answer
             self._drop()
-            raise _ConnectFailed(self.uri, f"reading its version: {getattr(e, 'message', None) or e}") from None
+            raise UnavailableError(_unreachable(self.uri, "cannot connect to Milvus",
+                                            f"reading its version: {getattr(e, 'message', None) or e}")) from None
         try:
             features = features_of(str(reported))  # refuses a Milvus older than 2.3
-        except BackendError:
+        except UnavailableError:
             self._drop()
             raise
         if self._features is None or features != self._features:
@@ -164,17 +157,14 @@ class Connection:
 
         try:
             yield
-        except _ConnectFailed as e:  # reconnecting for this call failed: still down
-            raise BackendError(_unreachable(self.uri, f"Milvus {what} failed",
-                                            f"cannot connect: {e.detail}")) from None
         except (MilvusException, grpc.RpcError) as e:
             msg = getattr(e, "message", None) or str(e) or type(e).__name__
             if unreachable(e):
                 self._broken = True
-                raise BackendError(_unreachable(self.uri, f"Milvus {what} failed", msg)) from None
+                raise UnavailableError(_unreachable(self.uri, f"Milvus {what} failed", msg)) from None
             if _code(e) == COLLECTION_NOT_FOUND:
-                raise CollectionNotFoundError(f"{what} failed: {msg}") from None
-            raise BackendError(f"Milvus {what} failed: {msg}") from None
+                raise NotFoundError(f"{what} failed: {msg}") from None
+            raise UnavailableError(f"Milvus {what} failed: {msg}") from None
 
 
 class ClientPool:

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..base import MANIFEST_PROPERTY
 from ..durable import now_iso
-from ..errors import CollectionNotFoundError, CorruptCollectionError, NotACollectionError
+from embedpool.errors import ConflictError, InternalError, NotFoundError
 from ..spec import CollectionSpec, new_manifest, parse_manifest
 from .connection import ClientPool, Connection, is_lite
 from .names import embedpool_name, milvus_name
@@ -52,25 +52,25 @@ _POLL = 0.5
 
 def describe(conn: Connection, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(manifest, description)`` of collection ``name``, without loading it. A Milvus
-    collection without a manifest is not a collection (:class:`NotACollectionError`; one whose
+    collection without a manifest is not a collection (:class:`ConflictError`; one whose
     creation is under way or stopped half-way says so)."""
     mname = milvus_name(name)
     with conn.errors(f"opening collection {name!r}"):
         client = conn.client()
         if not client.has_collection(mname):
             have = sorted(n for n in map(embedpool_name, client.list_collections()) if n)
-            raise CollectionNotFoundError(
+            raise NotFoundError(
                 f"no collection {name!r} in Milvus"
                 + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
         desc = client.describe_collection(mname)
     props = desc.get("properties") or {}
     if MANIFEST_KEY not in props:
         if OWNER_KEY in props:
-            raise CollectionNotFoundError(
+            raise NotFoundError(
                 f"no collection {name!r} in Milvus at {conn.uri}: its creation is under way or stopped "
                 f"half-way ({_owner_text(props[OWNER_KEY])}); creating it again (embedpool index, POST "
                 "/collections) repairs it")
-        raise NotACollectionError(
+        raise ConflictError(
             f"Milvus collection {mname!r} at {conn.uri} has no embedpool manifest; it was not "
             "created by embedpool")
     return parse_manifest(props[MANIFEST_KEY], f"manifest of Milvus collection {mname!r}"), desc
@@ -208,6 +208,6 @@ def repair(conn: Connection, name: str, spec: CollectionSpec, desc: dict[str, An
             drop_all(conn.client(), mname)
             _create(conn, name, mname, spec)
             return
-    raise CorruptCollectionError(
+    raise InternalError(
         f"collection {name!r} in Milvus at {conn.uri} is incomplete ({'; '.join(gaps)}) and holds documents; "
         f"delete it (DELETE /collections/{name}) and index the corpus again")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import InvalidInputError
+from embedpool.errors import InvalidError
 from ..single import HNSW_EF_SEARCH, default_nprobe
 from ..spec import CollectionSpec
 
@@ -36,7 +36,7 @@ def milvus_index(factory: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         if m.group(2) == "SQ8":
             return "IVF_SQ8", {"nlist": nlist}, search
         return "IVF_PQ", {"nlist": nlist, "m": int(m.group(3)), "nbits": int(m.group(4) or 8)}, search
-    raise InvalidInputError(
+    raise InvalidError(
         f"factory {factory!r} has no Milvus equivalent; with backend='milvus' use 'Flat' "
         "('IDMap2,Flat'), 'HNSW<M>', 'HNSW<M>_SQ8', 'IVF<n>,Flat', 'IVF<n>,SQ8' or 'IVF<n>,PQ<m>'")
 
@@ -48,15 +48,15 @@ def vector_factory(spec: CollectionSpec) -> str:
 
 def check_factories(spec: CollectionSpec) -> None:
     """Every FAISS factory of ``spec`` that a Milvus collection maps has a Milvus equivalent
-    (:class:`InvalidInputError` naming the field): the indexed vectors' and the companion rows'."""
+    (:class:`InvalidError` naming the field): the indexed vectors' and the companion rows'."""
     fields = [("factory" if spec.kind == "single" else "token_factory", vector_factory(spec))]
     if spec.companion_pooler is not None:
         fields.append(("companion_factory", spec.companion_factory))
     for field, factory in fields:
         try:
             milvus_index(factory)
-        except InvalidInputError as e:
-            raise InvalidInputError(f"spec.{field}: {e}") from None
+        except InvalidError as e:
+            raise InvalidError(f"spec.{field}: {e}", param=f"spec.{field}") from None
 
 
 def metric(spec: CollectionSpec) -> str:

@@ -3,7 +3,7 @@ allows only ``[A-Za-z0-9_]``), filter string literals, multi-vector row keys."""
 
 from __future__ import annotations
 
-from ..errors import InvalidInputError
+from embedpool.errors import InvalidError
 from ..spec import check_name
 
 PREFIX = "embedpool_"
@@ -16,7 +16,7 @@ def milvus_name(name: str) -> str:
     check_name(name)
     out = PREFIX + "".join(_ENC.get(c, c) for c in name)
     if len(out) > 255:
-        raise InvalidInputError(f"collection name {name!r} is too long for Milvus")
+        raise InvalidError(f"collection name {name!r} is too long for Milvus")
     return out
 
 

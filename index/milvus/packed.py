@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pybase64
 
-from ..errors import CorruptCollectionError
+from embedpool.errors import InternalError
 from ..maxsim import dequantize, pack, unpack
 from .names import pk
 
@@ -53,7 +53,7 @@ class Packing:
         """``(codes [T, dim], scales [T] | None, offsets [n + 1], doc ids [n])`` of the
         documents whose part 0 is in ``heads`` (their other parts in ``tails``), documents in
         id order. A document whose parts disagree (a crash during its upsert) is
-        :class:`CorruptCollectionError`: add it again."""
+        :class:`InternalError`: add it again."""
         rest: dict[str, list[dict]] = {}
         for r in tails:
             rest.setdefault(r["doc_id"], []).append(r)
@@ -62,7 +62,7 @@ class Packing:
         for h in heads:
             parts = [h, *sorted(rest.get(h["doc_id"], []), key=lambda r: r["part"])]
             if [r["part"] for r in parts] != list(range(h["parts"])) or any(r["seq"] != h["seq"] for r in parts):
-                raise CorruptCollectionError(
+                raise InternalError(
                     f"document {h['doc_id']!r} has parts of different writes (an interrupted "
                     "upsert); add the document again to repair it")
             c, s = unpack(pybase64.b64decode("".join(e for r in parts for e in r["codes"])),

@@ -39,17 +39,12 @@ import logging
 import re
 from dataclasses import dataclass
 
-from ..errors import BackendError, InvalidInputError
+from embedpool.errors import InvalidError, UnavailableError
 
 log = logging.getLogger("embedpool.index")
 
 OLDEST = (2, 3, 0)
 NEWEST = (2, 6)  # the newest minor release this table knows
-
-
-class UnsupportedMilvusError(BackendError):
-    """The Milvus at a URI is older than embedpool supports (a 503 with the reason: it is
-    the deployment, not the request, that must change)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +76,7 @@ class MilvusFeatures:
     def check_index_type(self, index_type: str, field: str) -> None:
         """Refuse a vector index the server does not have, naming what works."""
         if index_type == "HNSW_SQ" and not self.hnsw_sq:
-            raise InvalidInputError(
+            raise InvalidError(
                 f"{field}: the HNSW_SQ index (factory 'HNSW<M>_SQ8') needs Milvus 2.6 or later, and the "
                 f"server is {self.name}; use 'HNSW<M>' (or 'IVF<n>,SQ8' for 8-bit codes)")
 
@@ -92,7 +87,7 @@ _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 def features_of(reported: str) -> MilvusFeatures:
     """The features of the Milvus that reported version ``reported`` (``v2.3.5``,
     ``2.4.13-hotfix``, ``milvus_lite-3.2.2``, a managed service's ``... Compatible with Milvus
-    2.5``). Older than :data:`OLDEST`: :class:`UnsupportedMilvusError`. Unreadable or newer than
+    2.5``). Older than :data:`OLDEST`: :class:`UnavailableError`. Unreadable or newer than
     :data:`NEWEST`: taken as the newest known, with a warning."""
     lite = reported.lower().startswith("milvus_lite") or reported.lower() == "milvus_lite"
     m = _VERSION.search(reported)
@@ -107,7 +102,7 @@ def features_of(reported: str) -> MilvusFeatures:
                               full_text=version >= (2, 5, 0), hnsw_sq=False, struct_max_sim=False,
                               query_iterator=False)
     if version < OLDEST:
-        raise UnsupportedMilvusError(
+        raise UnavailableError(
             f"Milvus {'.'.join(map(str, version))} is older than embedpool supports (2.3 through 2.6: "
             "collections need ARRAY fields and upsert, Milvus 2.3); upgrade the server")
     if version[:2] > NEWEST:

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from embedpool.app import datasets
-from embedpool.app.datasets import CorpusSource, DatasetError, Record
+from embedpool.app.datasets import CorpusSource, Record
+from embedpool.errors import InvalidError, NotFoundError
 
 
 # ------------------------------------------------------------------ readers (no model)
@@ -28,13 +29,13 @@ def test_jsonl_reader_with_chosen_fields_and_errors(tmp_path):
     p.write_text('{"doc": "a", "body": "alpha", "text": "ignored"}\n{"doc": "b", "body": null}\n')
     recs = list(CorpusSource(str(p), id_field="doc", text_field="body").records())
     assert [(r.id, r.text) for r in recs] == [("a", "alpha"), ("b", "")]
-    with pytest.raises(DatasetError, match=r"line 1: no id field 'id'"):
+    with pytest.raises(InvalidError, match=r"line 1: no id field 'id'"):
         list(CorpusSource(str(p)).records())
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "text": "ok"}\n{"id": "y", "text": 3}\n')
-    with pytest.raises(DatasetError, match=r"line 2: field 'text' is int"):
+    with pytest.raises(InvalidError, match=r"line 2: field 'text' is int"):
         list(CorpusSource(str(bad)).records())
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(NotFoundError, match="missing.jsonl"):
         CorpusSource(str(tmp_path / "missing.jsonl"))
 
 
@@ -49,7 +50,7 @@ def test_parquet_reader_streams_batches(tmp_path):
     assert src.resolved_format() == "parquet" and src.count() == n
     recs = list(src.records())
     assert len(recs) == n and recs[0] == Record("p0", "text 0") and recs[-1].id == f"p{n - 1}"
-    with pytest.raises(DatasetError, match="no column 'id'"):
+    with pytest.raises(InvalidError, match="no column 'id'"):
         list(CorpusSource(str(tmp_path / "c.parquet")).records())
 
 
@@ -98,7 +99,7 @@ def test_beir_set_keeps_judged_queries_and_pairs_follow_qrels(tmp_path):
     assert data.qrels == {"q2": {"d2": 1}, "q1": {"d1": 1, "missing": 1}}
     assert [(r.id, r.text) for r in data.corpus] == [("d1", "T1 one"), ("d2", "two")]
     assert data.pairs() == [("", "two"), ("first", "T1 one")]  # qrels order; unknown documents skipped
-    with pytest.raises(FileNotFoundError, match="qrels/dev.tsv"):
+    with pytest.raises(NotFoundError, match="qrels/dev.tsv"):
         datasets.load_beir(tmp_path, "dev")
 
 
@@ -126,7 +127,7 @@ BAD = [  # (loader, file name, content, the message must say)
 def test_unreadable_lines_are_named(tmp_path, loader, name, content, message):
     (tmp_path / name).write_text(content)
     arg = tmp_path if loader == "load_sts" else tmp_path / name
-    with pytest.raises(DatasetError, match=message):
+    with pytest.raises(InvalidError, match=message):
         getattr(datasets, loader)(arg)
 
 
@@ -208,7 +209,7 @@ def test_slices_of_parquet_across_row_groups(tmp_path):
     assert _by_slices(src, 256) == list(src.records())
     assert list(src.read_slice(src.slices(1000)[1]))[0] == Record("p1000", "text 1000")
     pq.write_table(pa.table({"id": ["x", "y"], "text": pa.array([1, 2])}), tmp_path / "bad.parquet")
-    with pytest.raises(DatasetError, match=r"row 0: column 'text' is int, expected a string"):
+    with pytest.raises(InvalidError, match=r"row 0: column 'text' is int, expected a string"):
         list(CorpusSource(str(tmp_path / "bad.parquet")).records())
 
 
@@ -216,15 +217,15 @@ def test_slice_errors_name_the_same_line_as_the_stream(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text("".join(f'{{"id": "d{i}", "text": "t{i}"}}\n' for i in range(7)) + '\n{"id": "z", "text": 3}\n')
     src = CorpusSource(str(p))
-    with pytest.raises(DatasetError, match=r"line 9: field 'text' is int") as stream:
+    with pytest.raises(InvalidError, match=r"line 9: field 'text' is int") as stream:
         list(src.records())
     last = src.slices(3)[-1]
     assert (last.start, last.first_line) == (6, 7)
-    with pytest.raises(DatasetError) as sliced:
+    with pytest.raises(InvalidError) as sliced:
         list(src.read_slice(last))
     assert str(sliced.value) == str(stream.value)
-    with pytest.raises(DatasetError, match="stdin"):
+    with pytest.raises(InvalidError, match="stdin"):
         CorpusSource("-").slices(10)
     p.write_text('{"id": "a", "text": "x"}\n')  # the file changed under its slices
-    with pytest.raises(DatasetError, match="changed"):
+    with pytest.raises(InvalidError, match="changed"):
         list(src.read_slice(src.slices(3)[0].__class__(0, 0, 3, 0, 100, 1)))

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 
 from embedpool.app.server import errors as http_errors
+from server_testutil import Uvicorn
 
 LONE = "\\ud800"  # JSON's escape of a lone (high) surrogate: valid JSON, not valid Unicode
 
@@ -78,34 +75,6 @@ def test_keep_alive_connection_survives_a_bad_request(server):
 
 
 # ---------------------------------------------------------------------- the HTTP layer on its own
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Uvicorn:
-    """A real uvicorn server in a thread, for an app that exercises :mod:`app.server.errors`."""
-
-    def __init__(self, app: FastAPI, http: str = "httptools") -> None:
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
-                                                    loop="asyncio", http=http))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 def _app(**routes) -> FastAPI:
     app = FastAPI()
 
@@ -126,7 +95,7 @@ def test_internal_error_is_a_500_and_keeps_the_connection(http, caplog):
         return {}["missing"]  # a KeyError: a bug, not a request error
 
     caplog.set_level(logging.ERROR, logger="embedpool.server")
-    with _Uvicorn(_app(bug=bug), http) as url, httpx.Client(base_url=url, timeout=30) as c:
+    with Uvicorn(_app(bug=bug), http) as url, httpx.Client(base_url=url, timeout=30) as c:
         ports = {c.get("/port").json()["port"]}
         for _ in range(6):
             r = c.get("/bug")
@@ -140,9 +109,10 @@ def test_internal_error_is_a_500_and_keeps_the_connection(http, caplog):
 
 
 def test_backend_failure_is_a_503_with_its_message(tmp_path):
-    """A Milvus Lite backend stopped under an open collection: the real BackendError answers
+    """A Milvus Lite backend stopped under an open collection: the real UnavailableError answers
     503 (``not_ready``) with Milvus' message, not 422."""
-    from embedpool.index import BackendError, CollectionSpec, open_collection
+    from embedpool.errors import UnavailableError
+    from embedpool.index import CollectionSpec, open_collection
 
     uri = str(tmp_path / "milvus.db")
     coll = open_collection(tmp_path, "down", CollectionSpec(kind="single", dim=4), backend="milvus", milvus_uri=uri)
@@ -158,13 +128,13 @@ def test_backend_failure_is_a_503_with_its_message(tmp_path):
         sys.modules["milvus_lite.server_manager"].server_manager_instance.release_server(uri)
         return {"hits": [h.id for h in coll.search(v[:1], k=1)[0]]}
 
-    with pytest.raises(BackendError) as caught:
+    with pytest.raises(UnavailableError) as caught:
         search()
     assert not isinstance(caught.value, ValueError)
     err = http_errors.from_exception(caught.value)
     assert (err.status, err.type, err.message) == (503, "not_ready", str(caught.value))
     try:
-        with _Uvicorn(_app(search=search)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        with Uvicorn(_app(search=search)) as url, httpx.Client(base_url=url, timeout=60) as c:
             r = c.get("/search")
             assert r.status_code == 503, r.text
             assert r.json()["type"] == "not_ready" and "Milvus search of 'down' failed" in r.json()["error"]
@@ -173,33 +143,41 @@ def test_backend_failure_is_a_503_with_its_message(tmp_path):
     finally:
         try:
             coll.close()
-        except BackendError:
+        except UnavailableError:
             pass
 
 
-def test_api_errors_take_status_and_type_from_the_table():
-    from embedpool.errors import TABLE, Kind
+def test_every_kind_and_http_only_reason_renders_its_status():
+    """Literal statuses and types on the three surfaces (embedpool, OpenAI's, TEI's): one
+    instance of each kind's class, and the HTTP-only reasons (``code``) that override a status."""
+    from embedpool import errors
+    from embedpool.errors import Kind
 
-    cases = {http_errors.Invalid: Kind.INVALID, http_errors.PayloadTooLarge: Kind.TOO_LARGE,
-             http_errors.Unauthorized: Kind.UNAUTHORIZED, http_errors.NotFound: Kind.NOT_FOUND,
-             http_errors.Conflict: Kind.CONFLICT, http_errors.TooManyRequests: Kind.OVERLOADED,
-             http_errors.NotReady: Kind.UNAVAILABLE, http_errors.Internal: Kind.INTERNAL}
-    for cls, kind in cases.items():
-        e = cls("m")
-        assert (e.kind, e.status, e.status_code, e.type) == (kind, TABLE[kind].status, TABLE[kind].status, TABLE[kind].type)
-    assert set(http_errors.OPENAI_TYPES) == set(Kind)
-    assert {c: c("m").status for c in http_errors.HTTP_ONLY} == {http_errors.MethodNotAllowed: 405,
-                                                                 http_errors.ClientClosed: 499,
-                                                                 http_errors.EmptyInput: 400}
-    # the TEI surface: every kind and HTTP-only error has TEI's status and type (TEI's Backend 424 for a bug)
-    assert set(http_errors.TEI_TYPES) == set(Kind)
-    assert {c: http_errors.tei(c("m")) for c in http_errors.HTTP_ONLY}[http_errors.EmptyInput] == (400, "Empty")
-    assert http_errors.tei(http_errors.Internal("m")) == (424, "Backend")
-    from embedpool.app.batcher import Overloaded, Stopped
+    cases = {errors.InvalidError: (422, "validation_error", "invalid_request_error", 422, "Validation"),
+             errors.TooLargeError: (413, "payload_too_large", "invalid_request_error", 413, "Validation"),
+             errors.UnauthorizedError: (401, "unauthorized", "authentication_error", 401, "Unauthorized"),
+             errors.NotFoundError: (404, "not_found", "invalid_request_error", 404, "NotFound"),
+             errors.ConflictError: (409, "conflict", "invalid_request_error", 409, "Conflict"),
+             errors.OverloadedError: (429, "overloaded", "rate_limit_error", 429, "Overloaded"),
+             errors.UnavailableError: (503, "not_ready", "server_error", 503, "Unhealthy"),
+             errors.InternalError: (500, "internal_error", "server_error", 424, "Backend")}
+    assert {c.kind for c in cases} == set(Kind)
+    for cls, (status, type_, openai_type, tei_status, tei_type) in cases.items():
+        r = http_errors.from_exception(cls("m", param="p"))
+        assert (r.status, r.type, r.param) == (status, type_, "p"), cls
+        o = http_errors.render("/v1/embeddings", r)
+        assert o.status_code == status and json.loads(o.body)["error"]["type"] == openai_type, cls
+        t = http_errors.render("/tei/embed", r)
+        assert (t.status_code, json.loads(t.body)["error_type"]) == (tei_status, tei_type), cls
+    reasons = {code: http_errors.from_exception(errors.InvalidError("m", code=code))
+               for code in ("method_not_allowed", "client_closed", "empty")}
+    assert {c: (r.status, r.type) for c, r in reasons.items()} == {
+        "method_not_allowed": (405, "method_not_allowed"), "client_closed": (499, "client_closed"),
+        "empty": (400, "empty")}
+    assert http_errors.tei(reasons["empty"]) == (400, "Empty")
 
-    busy = http_errors.from_exception(Overloaded("queue full", retry_after=3))
+    busy = http_errors.from_exception(errors.OverloadedError("queue full", retry_after=3))
     assert (busy.status, busy.headers["Retry-After"]) == (429, "3")
-    assert http_errors.from_exception(Stopped()).status == 503
     assert json.loads(http_errors.render("/x", busy).body) == {"error": "queue full", "type": "overloaded"}
     assert json.loads(http_errors.render("/tei/embed", busy).body) == {"error": "queue full", "error_type": "Overloaded"}
     assert json.loads(http_errors.render("/tei/v1/embeddings", busy).body) == {

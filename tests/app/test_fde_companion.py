@@ -13,7 +13,8 @@ from test_index_job import _corpus  # noqa: E402  (tests/app is on sys.path)
 
 from embedpool.app.datasets import CorpusSource
 from embedpool.app.indexing import IndexJob
-from embedpool.index import FORMAT_VERSION, CollectionSpec, SpecMismatchError, open_collection
+from embedpool.errors import ConflictError
+from embedpool.index import CollectionSpec, FORMAT_VERSION, open_collection
 
 N_DOCS = 40
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -98,15 +99,15 @@ def test_two_stage_fde_candidates_in_faiss_and_milvus_indexes_agree(embedder, em
         # a query FDE made with other parameters is refused: by its pooler spec, and by its size
         other = embedder.pooler("fde:seed=1")
         other_q = embedder.embed(["a query"], [other.spec], role="query").matrix(other.spec)
-        with pytest.raises(SpecMismatchError, match=r"made with pooler 'fde:.*seed=1.*embed the queries with"):
+        with pytest.raises(ConflictError, match=r"made with pooler 'fde:.*seed=1.*embed the queries with"):
             multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["faiss HNSW32"],
                          companion_queries=other_q, companion_pooler=other.spec)
         small = embedder.embed(["a query"], ["fde:reps=2"], role="query").matrix("fde:reps=2")
-        with pytest.raises(SpecMismatchError, match="dimension"):
+        with pytest.raises(ConflictError, match="dimension"):
             multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["milvus HNSW32"],
                          companion_queries=small)
         # and documents of other FDE parameters cannot enter the companion
-        with pytest.raises(SpecMismatchError, match="pooler"):
+        with pytest.raises(ConflictError, match="pooler"):
             comps["faiss IDMap2,Flat"].add(["x"], other_q, pooler=other.spec)
     finally:
         multi.close()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from embedpool.app.datasets import CorpusSource, Record
-from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError, collection_name
+from embedpool.app.indexing import IndexJob, JOB_PROPERTY, collection_name
+from embedpool.errors import InvalidError
 from embedpool.index import FaissCollection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
@@ -122,11 +123,11 @@ def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp
     with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), progress=False) as job:
         job.run(src.records())
     other = CorpusSource(str(corpus), text_field="text", title_field="title")
-    with pytest.raises(IndexJobError, match=r"different settings \(source.text_field: None then, 'text' now"):
+    with pytest.raises(InvalidError, match=r"different settings \(source.text_field: None then, 'text' now"):
         IndexJob(embedder, out, "c", ["mean"], source=other.describe(), progress=False).open()
-    with pytest.raises(IndexJobError, match="dimensions: None then, 128 now"):
+    with pytest.raises(InvalidError, match="dimensions: None then, 128 now"):
         IndexJob(embedder, out, "c", ["mean"], source=src.describe(), dimensions=128, progress=False).open()
-    with pytest.raises(IndexJobError, match="pooler: 'mean' then, 'cls' now"):
+    with pytest.raises(InvalidError, match="pooler: 'mean' then, 'cls' now"):
         IndexJob(embedder, out, "c", ["cls"], source=src.describe(), progress=False).open()
     with pytest.raises(ValueError, match="different spec"):  # the collection's own manifest check
         IndexJob(embedder, out, "c", ["mean"], source=src.describe(), factory="HNSW32", progress=False).open()
@@ -134,13 +135,13 @@ def test_changed_settings_and_changed_corpus_are_refused(embedder, data_dir, tmp
     lines = corpus.read_text().splitlines()
     corpus.write_text("\n".join(lines[:7] + [lines[7].replace('"_id": "', '"_id": "X')]) + "\n")
     with IndexJob(embedder, out, "c", ["mean"], source=src.describe(), progress=False) as job:
-        with pytest.raises(IndexJobError, match="the corpus changed"):
+        with pytest.raises(InvalidError, match="the corpus changed"):
             job.run(src.records())
     # a collection that the job did not write is not adopted
     with FaissCollection.open_or_create(tmp_path / "d", "foreign", FaissCollection.open(out, "c").spec) as c:
         c.add(["z"], np.eye(1, embedder.dim, dtype=np.float32))
         c.commit()
-    with pytest.raises(IndexJobError, match="not written by `embedpool index`"):
+    with pytest.raises(InvalidError, match="not written by `embedpool index`"):
         IndexJob(embedder, out, "foreign", ["mean"], source=src.describe(), progress=False).open()
 
 
@@ -204,9 +205,9 @@ def test_resume_records_but_does_not_compare_the_encoder_path():
 def test_the_analyzer_is_a_collection_setting(embedder, tmp_path):
     """``--analyzer`` reaches the collections' spec (and so their BM25 index); a bad one is
     refused naming the flag, before anything is created; ``none`` keeps no lexical index."""
-    from embedpool.index import InvalidInputError, open_collection
+    from embedpool.index import open_collection
 
-    with pytest.raises(IndexJobError, match="--analyzer: .*unknown language 'klingon'"):
+    with pytest.raises(InvalidError, match="--analyzer: .*unknown language 'klingon'"):
         IndexJob(embedder, tmp_path, "bad", ["mean"], analyzer="klingon", progress=False)
     assert not (tmp_path / "bad").exists()
     docs = [Record("a", "Die Katzen laufen schnell nach Hause"), Record("b", "Der Hund schläft")]
@@ -216,7 +217,7 @@ def test_the_analyzer_is_a_collection_setting(embedder, tmp_path):
         with open_collection(tmp_path, name) as coll:
             assert coll.spec.analyzer == analyzer
             if analyzer == "none":
-                with pytest.raises(InvalidInputError, match="no lexical index"):
+                with pytest.raises(InvalidError, match="no lexical index"):
                     coll.search(k=2, mode="bm25", texts=["Katze"])
             else:  # the German stemmer: 'Katze' finds 'Katzen'
                 assert [h.id for h in coll.search(k=2, mode="bm25", texts=["Katze"])[0]] == ["a"]

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from embedpool.app.datasets import CorpusSource, DatasetError
-from embedpool.app.indexing import JOB_PROPERTY, IndexJob, IndexJobError
+from embedpool.app.datasets import CorpusSource
+from embedpool.app.indexing import IndexJob, JOB_PROPERTY
+from embedpool.errors import InvalidError
 from embedpool.index import FaissCollection, open_collection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
@@ -57,13 +58,11 @@ def _ray_run(embedder, out: Path, src: CorpusSource, workers: int = 2, **kw) -> 
         return run_on_ray(job, src, Settings().model_dump(), workers=workers, threads=1)
 
 
-@pytest.fixture(scope="module")
-def reference(embedder, data_dir, tmp_path_factory):
-    """The in-process job over the 300-document slice (torch on one thread, as each worker)."""
+def _reference(embedder, data_dir, base: Path, n: int) -> tuple[CorpusSource, Path]:
+    """The in-process job over the first ``n`` documents (torch on one thread, as each worker)."""
     import torch
 
-    base = tmp_path_factory.mktemp("ray-ref")
-    src = CorpusSource(str(_slice(base / "corpus.jsonl", data_dir, N_DOCS)))
+    src = CorpusSource(str(_slice(base / "corpus.jsonl", data_dir, n)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -72,6 +71,16 @@ def reference(embedder, data_dir, tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return src, base / "ref"
+
+
+@pytest.fixture(scope="module")
+def reference(embedder, data_dir, tmp_path_factory):
+    """The 300-document slice, long enough to kill the driver mid-run (the slow tests)."""
+    return _reference(embedder, data_dir, tmp_path_factory.mktemp("ray-ref"), N_DOCS)
+
+
+#: the default run's equality check: three commits of each collection, on both workers
+N_SMALL = 3 * COMMIT
 
 
 def _cpus_free(timeout: float = 60) -> None:
@@ -83,16 +92,16 @@ def _cpus_free(timeout: float = 60) -> None:
 
 
 # ------------------------------------------------------------------ the same collections
-def test_ray_two_workers_equal_the_in_process_job(ray_address, embedder, reference, tmp_path):
-    src, ref = reference
+def test_ray_two_workers_equal_the_in_process_job(ray_address, embedder, data_dir, tmp_path):
+    src, ref = _reference(embedder, data_dir, tmp_path, N_SMALL)
     summary = _ray_run(embedder, tmp_path / "ray", src, workers=2)
-    assert summary["records"] == summary["indexed_this_run"] == N_DOCS
-    assert_same_collections(ref, tmp_path / "ray", NAMES, N_DOCS, atol=1e-6)
+    assert summary["records"] == summary["indexed_this_run"] == N_SMALL
+    assert_same_collections(ref, tmp_path / "ray", NAMES, N_SMALL, atol=1e-6)
     with FaissCollection.open(tmp_path / "ray", "sf-cluster-pool_factor-2") as c:
         # the multi-vector collection keeps its own mean rows (no sibling collection named as companion)
         assert c.spec.kind == "multi" and c.spec.companion is None
         assert (c.spec.companion_pooler, c.spec.companion_rows) == ("mean", "document")
-        assert c.stats()["companion_rows"] == N_DOCS
+        assert c.stats()["companion_rows"] == N_SMALL
     # both workers embedded: each block's seconds were added to the job state
     assert all(r["encode_seconds"] > 0 for r in summary["collections"])
 
@@ -122,8 +131,8 @@ def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embe
 
 # ------------------------------------------------------------------ a bad record
 @pytest.mark.parametrize("bad, error, message", [
-    (5, DatasetError, r"corpus\.jsonl, line 42: field 'text' is int, expected a string"),  # the read task
-    ("\ud800 lone", IndexJobError, r"record 41 \(id '\d+'\) cannot be embedded \(its text is not valid Unicode\)"),
+    (5, InvalidError, r"corpus\.jsonl, line 42: field 'text' is int, expected a string"),  # the read task
+    ("\ud800 lone", InvalidError, r"record 41 \(id '\d+'\) cannot be embedded \(its text is not valid Unicode\)"),
 ], ids=["non-string text", "lone surrogate"])
 def test_a_bad_record_fails_the_job_by_name_and_nothing_after_the_last_commit_is_written(
         ray_address, embedder, data_dir, tmp_path, bad, error, message):

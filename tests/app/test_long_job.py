@@ -13,7 +13,8 @@ from embedpool.app import indexing
 from embedpool.app.datasets import CorpusSource
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Search, retrieve
-from embedpool.index import FaissCollection, DocumentNotFoundError
+from embedpool.errors import NotFoundError
+from embedpool.index import FaissCollection
 from embedpool.poolers.encoder import WINDOWED
 from job_testutil import assert_same_collections, long_corpus
 
@@ -94,7 +95,7 @@ def test_per_window_companion_ranks_like_exhaustive_and_deletes_with_the_documen
     with FaissCollection.open(out, "w") as coll:  # reopened: the rows went with the document
         left = sum(w for r, w in zip(recs, windows) if r.id != gone)
         assert coll.stats()["companion_rows"] == left
-        with pytest.raises(DocumentNotFoundError):
+        with pytest.raises(NotFoundError):
             coll.get(gone)
         hits = retrieve(embedder, queries[:1], Search(coll, embedder.dim, k=6, mode="two_stage",
                                                       candidates=len(recs)))[0]

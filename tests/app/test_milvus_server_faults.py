@@ -12,7 +12,8 @@ import pytest
 
 from embedpool.app.datasets import CorpusSource
 from embedpool.app.indexing import JOB_PROPERTY, IndexJob
-from embedpool.index import BackendError, open_collection
+from embedpool.errors import UnavailableError
+from embedpool.index import open_collection
 from job_testutil import assert_same_collections
 from test_index_job import _corpus
 from test_milvus_server import NOTES
@@ -75,7 +76,7 @@ def test_sigkill_mid_job_then_restart_resumes_to_the_uninterrupted_collection(mi
 
     milvus = dict(backend="milvus", milvus_uri=milvus_server.uri)
     try:
-        with pytest.raises(BackendError, match=f"Milvus at {milvus_server.uri} is unreachable"):
+        with pytest.raises(UnavailableError, match=f"Milvus at {milvus_server.uri} is unreachable"):
             with IndexJob(embedder, tmp_path / "job", "kill", poolers, **kw, **milvus) as job:
                 job.run(records_then_kill(), total=n)
     finally:

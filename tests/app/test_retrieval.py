@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from embedpool.app import retrieval
+from embedpool.errors import InvalidError
 from embedpool.index import CollectionSpec, open_collection
+from embedpool.poolers import EmbedOptions
 
 DOCS = [
     "A cat sat on the mat and purred.",
@@ -214,9 +216,9 @@ def test_two_stage_without_a_companion_is_an_input_error(collections, client, se
     r = client.post("/collections/agree-l2/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 200  # a single-vector collection has no candidate stage: mode is moot
     spec = CollectionSpec(kind="multi", pooler="tokens", dim=384)
-    with pytest.raises(retrieval.RetrievalError, match="has no companion for two_stage"):
+    with pytest.raises(InvalidError, match="has no companion for two_stage"):
         retrieval.companion_name(spec, "two_stage", "lonely")
-    with pytest.raises(retrieval.RetrievalError, match="unknown search mode"):
+    with pytest.raises(InvalidError, match="unknown search mode"):
         retrieval.companion_name(spec, "fast", "lonely")
     assert retrieval.collection_embedding(CollectionSpec(dim=128, normalized=False), 384) == \
-        retrieval.Embedding("", normalize=False, dimensions=128, role="query")
+        retrieval.Embedding("", EmbedOptions(role="query", normalize=False, dimensions=128))

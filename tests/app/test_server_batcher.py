@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from embedpool.app.batcher import Batcher, Overloaded
+from embedpool.app.batcher import Batcher
+from embedpool.errors import OverloadedError
+from embedpool.poolers import EmbedOptions
 
 
 class FakeResult:
@@ -20,7 +22,7 @@ class FakeResult:
 
 class FakeWorkload:
     def __init__(self, counts, tokenized):
-        self.counts, self.tokenized = counts, tokenized
+        self.counts, self.tokenized, self.tokens = counts, tokenized, counts
 
 
 class FakeStats:
@@ -65,7 +67,8 @@ def expected(text, pooler):
 
 
 async def gather(batcher, requests):
-    return await asyncio.gather(*(batcher.embed(t, s, **o) for t, s, o in requests), return_exceptions=True)
+    return await asyncio.gather(*(batcher.embed(t, s, EmbedOptions(**o)) for t, s, o in requests),
+                                return_exceptions=True)
 
 
 def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
@@ -77,7 +80,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
                  {"dimensions": None if i < 6 else 64}) for i in range(10)]
 
         async def run():
-            tasks = [asyncio.ensure_future(b.embed(t, s, **o)) for t, s, o in reqs]
+            tasks = [asyncio.ensure_future(b.embed(t, s, EmbedOptions(**o))) for t, s, o in reqs]
             await asyncio.sleep(0.05)
             gate.set()
             return await asyncio.gather(*tasks)
@@ -90,7 +93,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_vectors():
         for spec in specs:
             for t, v in zip(texts, out.vectors[spec]):
                 assert np.array_equal(v, expected(t, spec))
-        assert out.tokens == sum(len(t.split()) + 2 for t in texts)
+        assert out.usage == sum(len(t.split()) + 2 for t in texts)
     # far fewer embed calls than requests: one per (round, option group); groups by dimensions
     assert len(emb.calls) <= 4
     for texts, poolers, opts in emb.calls:
@@ -117,7 +120,7 @@ def test_full_queue_raises_overloaded_but_empty_queue_admits_big_request():
     try:
         first = b.submit(["a"] * 8, ["mean"])  # over max_queue, but the queue was empty
         time.sleep(0.05)  # the worker takes one slice and blocks on the gate
-        with pytest.raises(Overloaded) as exc:
+        with pytest.raises(OverloadedError) as exc:
             b.submit(["b"] * 3, ["mean"])
         assert exc.value.retry_after >= 1
         gate.set()
@@ -231,32 +234,37 @@ def test_before_round_gets_the_round_tokens_in_the_worker_thread():
         b.submit(["x" * 40, "y"], ["mean"]).future.result(10)
     finally:
         b.stop()
-    assert seen == [(40 // 4 + 2 + 1 // 4 + 2, "embedpool-batcher")]
+    # estimated at ~4 characters a token plus [CLS]/[SEP]: 40 characters are 12, one character 2
+    assert seen == [(14, "embedpool-batcher")]
 
 
 def test_thread_policy_runs_small_rounds_on_one_thread():
+    """Run with the thread counts it needs, whatever this machine has: one thread (no policy),
+    then two (small rounds on one, large ones on both, set in the encoding thread)."""
     import torch
-    from embedpool.app.server.state import thread_policy
+    from embedpool.app.server.engine import thread_policy
 
-    full = torch.get_num_threads()
-    assert thread_policy(0) is None
-    if full < 2:
-        assert thread_policy(1024) is None
-        return
-    policy = thread_policy(1024)
-    seen = []
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert thread_policy(1024) is None  # one thread anyway: nothing to switch
+        torch.set_num_threads(2)
+        assert thread_policy(0) is None  # the setting off
+        policy = thread_policy(1024)
+        seen = []
 
-    def worker() -> None:  # OpenMP thread counts are per thread: set in the encoding thread
-        policy(20)
-        seen.append(torch.get_num_threads())
-        policy(4096)
-        seen.append(torch.get_num_threads())
+        def worker() -> None:  # OpenMP thread counts are per thread: set in the encoding thread
+            policy(20)
+            seen.append(torch.get_num_threads())
+            policy(4096)
+            seen.append(torch.get_num_threads())
 
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    torch.set_num_threads(full)
-    assert seen == [1, full]
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2]
 
 
 def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, monkeypatch):
@@ -276,12 +284,11 @@ def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, mo
     monkeypatch.setattr(embedder.encoder, "tokenize", lambda *a, **k: calls.append(a) or real(*a, **k))
     b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0).start()
     try:
-        jobs = [b.submit(texts, ["mean"], usage_tokens=w.counts, cost_tokens=w.tokens, tokenized=w.tokenized)
-                for w in works[:4]]
+        jobs = [b.submit(texts, ["mean"], workload=w) for w in works[:4]]
         outs = [j.future.result(timeout=120) for j in jobs]
     finally:
         b.stop()
     assert calls == []
-    assert all(o.tokens == sum(expected) for o in outs)
+    assert all(o.usage == sum(expected) for o in outs)
     ref = embedder.embed(texts, ["mean"]).matrix("mean")
     assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)

@@ -130,6 +130,9 @@ def scifact_collections(server, embedder, data_dir):
     return data, names
 
 
+CANDIDATES = 50  # each query reranks this many documents over HTTP (the test's cost)
+
+
 def test_rerank_scifact_matches_two_stage(client, scifact_collections):
     from embedpool.app.evaluation import score_runs
 
@@ -137,20 +140,20 @@ def test_rerank_scifact_matches_two_stage(client, scifact_collections):
     qids = list(data.queries)
     queries = [data.queries[q] for q in qids]
     two = client.post(f"/collections/{names['tokens']}/search",
-                      json={"queries": queries, "k": 10, "mode": "two_stage", "candidates": 100,
+                      json={"queries": queries, "k": 10, "mode": "two_stage", "candidates": CANDIDATES,
                             "include_text": False})
     assert two.status_code == 200, two.text
-    top = client.post(f"/collections/{names['mean']}/search", json={"queries": queries, "k": 100})
+    top = client.post(f"/collections/{names['mean']}/search", json={"queries": queries, "k": CANDIDATES})
     assert top.status_code == 200, top.text
     runs = {"two_stage": {}, "rerank": {}}
     for qid, query, hits2, hits in zip(qids, queries, two.json()["results"], top.json()["results"]):
         runs["two_stage"][qid] = {h["id"]: h["score"] for h in hits2}
-        assert len(hits) == 100
+        assert len(hits) == CANDIDATES
         r = client.post("/rerank", json={"query": query, "texts": [h["text"] for h in hits], "truncate": True,
                                          "raw_scores": True})
         assert r.status_code == 200, r.text
         ranks = r.json()
-        assert sorted(x["index"] for x in ranks) == list(range(100))
+        assert sorted(x["index"] for x in ranks) == list(range(CANDIDATES))
         runs["rerank"][qid] = {hits[x["index"]]["id"]: x["score"] for x in ranks[:10]}
         # the same MaxSim scores rank by rank as two_stage over the same candidates, and the same
         # documents but for near-ties (the collection's vectors were encoded in other batches)
@@ -161,7 +164,7 @@ def test_rerank_scifact_matches_two_stage(client, scifact_collections):
                 assert any(abs(h["score"] - s) < 1e-3 for s in near), qid
     scores = score_runs(data.qrels, runs, metrics=("ndcg@10",))
     a, b = scores["rerank"]["metrics"]["ndcg@10"], scores["two_stage"]["metrics"]["ndcg@10"]
-    print(f"\nSciFact slice ({len(data.corpus)} docs, {len(qids)} queries): /rerank tokens over mean top-100 "
+    print(f"\nSciFact slice ({len(data.corpus)} docs, {len(qids)} queries): /rerank tokens over mean top-{CANDIDATES} "
           f"nDCG@10 {a:.4f}, two_stage search {b:.4f}")
     assert abs(a - b) <= 0.002
     assert a > 0.5  # MaxSim over MiniLM tokens on SciFact is ~0.6; a broken ranking is far lower

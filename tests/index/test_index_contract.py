@@ -14,16 +14,13 @@ import json
 import numpy as np
 import pytest
 
+from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from embedpool.index import (
-    FORMAT_VERSION,
-    STATS_KEYS,
-    FaissCollection,
     CollectionBase,
-    CollectionNotFoundError,
     CollectionSpec,
-    DocumentNotFoundError,
-    InvalidInputError,
-    SpecMismatchError,
+    FORMAT_VERSION,
+    FaissCollection,
+    STATS_KEYS,
     delete_collection,
     list_collections,
     open_collection,
@@ -128,15 +125,15 @@ def test_writes_reads_and_errors_agree(where):
         assert set(got) == {"id", "text", "metadata", "vector"} and got["text"] == "replaced"
         assert got["metadata"] is None and got["vector"].shape == (DIM,)
         assert "d1" in coll and "nope" not in coll
-        with pytest.raises(DocumentNotFoundError, match="nothing was deleted"):
+        with pytest.raises(NotFoundError, match="nothing was deleted"):
             coll.delete(["d1", "nope"])
         coll.delete(["d1", "d1"])  # duplicates in a delete are one delete
         assert "d1" not in coll and len(coll) == 11
-        with pytest.raises(DocumentNotFoundError):
+        with pytest.raises(NotFoundError):
             coll.get("d1")
-        with pytest.raises(SpecMismatchError, match="dimension"):
+        with pytest.raises(ConflictError, match="dimension"):
             coll.add(["z"], rand_unit(np.random.default_rng(1), 1, DIM + 1))
-        with pytest.raises(InvalidInputError, match="duplicate"):
+        with pytest.raises(InvalidError, match="duplicate"):
             coll.add(["z", "z"], rand_unit(np.random.default_rng(1), 2, DIM))
         assert len(coll) == 11 and "z" not in coll  # refused batches change nothing
         hits = coll.search(x[5:6], k=3)
@@ -148,7 +145,7 @@ def test_writes_reads_and_errors_agree(where):
         coll.close()
     coll.close()  # idempotent
     assert len(coll) == 0
-    with pytest.raises(InvalidInputError, match="closed"):
+    with pytest.raises(InvalidError, match="closed"):
         coll.search(x[:1], k=1)
 
 
@@ -167,7 +164,7 @@ def test_multi_vector_search_modes_agree(where):
             assert [h[0].id for h in hits] == ["d4", "d7"], mode
         assert coll.capabilities.supports_token_ann and not comp.capabilities.supports_token_ann
         coll.build_token_index()
-        with pytest.raises(InvalidInputError, match="multi-vector collections only"):
+        with pytest.raises(InvalidError, match="multi-vector collections only"):
             comp.build_token_index()
         assert coll.get("d4")["vectors"].shape == docs[4].shape
     finally:
@@ -194,11 +191,11 @@ def test_properties_are_staged_until_commit_and_travel_with_the_collection(where
     again = _open(where, "p")
     try:
         assert again.get_property("job") == '{"committed": 4}' and len(again) == 4
-        with pytest.raises(InvalidInputError, match="reserved"):
+        with pytest.raises(InvalidError, match="reserved"):
             again.set_property("embedpool.manifest", "{}")
-        with pytest.raises(InvalidInputError, match="reserved"):
+        with pytest.raises(InvalidError, match="reserved"):
             again.set_property("", "x")
-        with pytest.raises(InvalidInputError, match="strings"):
+        with pytest.raises(InvalidError, match="strings"):
             again.set_property("job", 3)
         assert again.manifest["kind"] == "single"
     finally:
@@ -249,7 +246,7 @@ def test_refresh_and_deletion_elsewhere(where):
         assert "new" in coll and len(coll) == 4  # another writer's commit is seen
         kw = dict(where)
         delete_collection(kw.pop("data_dir"), "r", **kw)
-        with pytest.raises(CollectionNotFoundError):
+        with pytest.raises(NotFoundError):
             coll.refresh()
     finally:
         coll.close()
@@ -266,7 +263,7 @@ def test_manifest_without_opening(where):
     m = read_collection_manifest(data_dir, "m", **kw)
     assert CollectionSpec.from_dict(m) == MULTI == CollectionSpec.from_dict(live)
     assert m["counts"]["documents"] == 5 and m["format"] == "embedpool-collection"
-    with pytest.raises(CollectionNotFoundError, match="no collection 'absent'"):
+    with pytest.raises(NotFoundError, match="no collection 'absent'"):
         read_collection_manifest(data_dir, "absent", **kw)
 
 
@@ -329,9 +326,9 @@ def test_two_stage_over_companion_rows_is_exhaustive_when_candidates_cover_the_c
             want = sorted(((naive_maxsim(qi, d), i) for i, d in zip(ids, docs)), key=lambda t: -t[0])[:6]
             assert [h.id for h in hits] == [i for _, i in want]
             np.testing.assert_allclose([h.score for h in hits], [s for s, _ in want], atol=1e-5)
-        with pytest.raises(InvalidInputError, match="companion_queries"):
+        with pytest.raises(InvalidError, match="companion_queries"):
             coll.search(q, mode="two_stage")
-        with pytest.raises(SpecMismatchError, match="dimension"):
+        with pytest.raises(ConflictError, match="dimension"):
             _two_stage(coll, q, rand_unit(rng, 4, DIM), 5, 3)
 
 
@@ -396,7 +393,7 @@ def test_deleting_a_document_removes_all_its_companion_rows_and_reopening_keeps_
     with _open(where, "dl") as again:
         assert again.stats()["companion_rows"] == before - 3 and len(again) == 11
         np.testing.assert_allclose(again.get("d2")["companion"], comp[2], atol=1e-6)
-        with pytest.raises(DocumentNotFoundError):
+        with pytest.raises(NotFoundError):
             again.get("d1")
         assert _ranking(_two_stage(again, q, cq, 4, 3)) == seen
         for c, hits in zip(cq, _two_stage(again, q, cq, 4, 10)):
@@ -413,12 +410,12 @@ def test_companion_rows_are_required_checked_and_refused_as_a_whole(where):
         assert state[1] == 3
         new = rand_docs(rng, 2, DIM, 1, 3)
         refused = [
-            (InvalidInputError, r"pass companion=", {}),
-            (SpecMismatchError, "dimension", {"companion": rand_unit(rng, 2, CDIM + 1)}),
-            (InvalidInputError, "one companion vector per document.*'new' has 2",
+            (InvalidError, r"pass companion=", {}),
+            (ConflictError, "dimension", {"companion": rand_unit(rng, 2, CDIM + 1)}),
+            (InvalidError, "one companion vector per document.*'new' has 2",
              {"companion": [rand_unit(rng, 1, CDIM), rand_unit(rng, 2, CDIM)]}),
-            (InvalidInputError, "2 ids but 1", {"companion": [rand_unit(rng, 1, CDIM)]}),
-            (SpecMismatchError, "norm", {"companion": 2 * rand_unit(rng, 2, CDIM)}),
+            (InvalidError, "2 ids but 1", {"companion": [rand_unit(rng, 1, CDIM)]}),
+            (ConflictError, "norm", {"companion": 2 * rand_unit(rng, 2, CDIM)}),
         ]
         for err, match, kw in refused:
             with pytest.raises(err, match=match):
@@ -428,6 +425,6 @@ def test_companion_rows_are_required_checked_and_refused_as_a_whole(where):
         coll.add(["a"], [new[0]], companion=vecs[1:2])  # a replacement keeps one row
         assert coll.stats()["companion_rows"] == 3
         np.testing.assert_allclose(coll.get("a")["companion"], vecs[1:2], atol=1e-6)
-        with pytest.raises(InvalidInputError, match="keeps no companion"):
+        with pytest.raises(InvalidError, match="keeps no companion"):
             plain.add(["x"], [docs[0]], companion=vecs[:1])
         assert len(plain) == 0

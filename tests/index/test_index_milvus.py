@@ -17,18 +17,12 @@ import pytest
 import milvus_lite  # noqa: F401 -- dependencies: if one is missing these tests must fail, not vanish
 import pymilvus  # noqa: F401
 
-from embedpool.index import (  # noqa: E402
-    FORMAT_VERSION,
-    BackendError,
-    FaissCollection,
-    CollectionNotFoundError,
+from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
+from embedpool.index import (
     CollectionSpec,
-    DocumentNotFoundError,
-    FormatVersionError,
-    InvalidInputError,
+    FORMAT_VERSION,
+    FaissCollection,
     MilvusCollection,
-    NotACollectionError,
-    SpecMismatchError,
     delete_collection,
     list_collections,
     open_collection,
@@ -73,7 +67,7 @@ def mv(uri, request):
         coll.close()
         try:
             delete_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
-        except CollectionNotFoundError:
+        except NotFoundError:
             pass
 
 
@@ -119,26 +113,26 @@ def test_delete_removes_and_unknown_id_changes_nothing(mv, rng):
     coll.delete(["d5", "d6"])
     assert len(coll) == 38 and "d5" not in coll
     assert all(h.id not in ("d5", "d6") for h in coll.search(x[5:7], k=10)[0])
-    with pytest.raises(DocumentNotFoundError, match="nothing was deleted"):
+    with pytest.raises(NotFoundError, match="nothing was deleted"):
         coll.delete(["d7", "missing"])
     assert "d7" in coll and len(coll) == 38
-    with pytest.raises(DocumentNotFoundError):
+    with pytest.raises(NotFoundError):
         coll.get("d5")
 
 
 def test_bad_input_is_refused(mv, rng):
     coll = mv()
-    with pytest.raises(SpecMismatchError, match="dimension"):
+    with pytest.raises(ConflictError, match="dimension"):
         coll.add(["a"], rand_unit(rng, 1, DIM + 1))
     bad = rand_unit(rng, 2, DIM)
     bad[1, 0] = np.nan
-    with pytest.raises(InvalidInputError, match="NaN"):
+    with pytest.raises(InvalidError, match="NaN"):
         coll.add(["a", "b"], bad)
-    with pytest.raises(InvalidInputError, match="duplicate"):
+    with pytest.raises(InvalidError, match="duplicate"):
         coll.add(["a", "a"], rand_unit(rng, 2, DIM))
-    with pytest.raises(SpecMismatchError, match="model"):
+    with pytest.raises(ConflictError, match="model"):
         coll.add(["a"], rand_unit(rng, 1, DIM), model="other-model")
-    with pytest.raises(InvalidInputError, match="bytes"):
+    with pytest.raises(InvalidError, match="bytes"):
         coll.add(["a"], rand_unit(rng, 1, DIM), texts=["x" * 70_000])
     assert len(coll) == 0
 
@@ -159,7 +153,7 @@ def test_factory_mapping():
     assert milvus_index("HNSW32") == ("HNSW", {"M": 32, "efConstruction": 40}, {"ef": 64})
     assert milvus_index("IVF256,Flat") == ("IVF_FLAT", {"nlist": 256}, {"nprobe": 64})
     assert milvus_index("IVF64,PQ16x8")[:2] == ("IVF_PQ", {"nlist": 64, "m": 16, "nbits": 8})
-    with pytest.raises(InvalidInputError, match="no Milvus equivalent"):
+    with pytest.raises(InvalidError, match="no Milvus equivalent"):
         milvus_index("PCA32,Flat")
     for name in ("a", "scifact-mean", "x_y.z-1"):
         assert embedpool_name(milvus_name(name)) == name
@@ -178,7 +172,7 @@ def test_manifest_travels_and_mismatch_refused(mv, uri, rng):
     for other in (CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="cls", dim=DIM),
                   CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=8),
                   CollectionSpec(kind="multi", model="all-MiniLM-L6-v2", pooler="mean", dim=DIM)):
-        with pytest.raises(SpecMismatchError, match="different spec"):
+        with pytest.raises(ConflictError, match="different spec"):
             open_collection("unused", coll.name, other, backend="milvus", milvus_uri=uri)
     same = open_collection("unused", coll.name, SPEC, backend="milvus", milvus_uri=uri)
     assert len(same) == 5
@@ -186,9 +180,8 @@ def test_manifest_travels_and_mismatch_refused(mv, uri, rng):
     coll._client.alter_collection_properties(
         coll._mname, properties={MANIFEST_KEY: coll._client.describe_collection(coll._mname)
                                  ["properties"][MANIFEST_KEY].replace(f'"format_version": {FORMAT_VERSION}', '"format_version": 99')})
-    with pytest.raises(FormatVersionError, match="newer"):
+    with pytest.raises(ConflictError, match="newer"):
         open_collection("unused", coll.name, backend="milvus", milvus_uri=uri)
-
 
 
 def test_properties_travel_with_the_collection(mv, uri, rng):
@@ -204,9 +197,9 @@ def test_properties_travel_with_the_collection(mv, uri, rng):
         assert again.get_property("embedpool.indexjob") == '{"committed_records": 3}'
     finally:
         again.close()
-    with pytest.raises(InvalidInputError, match="reserved"):
+    with pytest.raises(InvalidError, match="reserved"):
         coll.set_property(MANIFEST_KEY, "{}")
-    with pytest.raises(InvalidInputError, match="strings"):
+    with pytest.raises(InvalidError, match="strings"):
         coll.set_property("embedpool.indexjob", 3)
     assert coll.manifest["kind"] == "single" and len(coll) == 3
 
@@ -216,12 +209,12 @@ def test_foreign_and_missing_collections(uri, mv):
     client = MilvusClient(uri)
     client.create_collection(milvus_name("foreign"), dimension=4)  # no embedpool manifest
     try:
-        with pytest.raises(NotACollectionError, match="no embedpool manifest"):
+        with pytest.raises(ConflictError, match="no embedpool manifest"):
             open_collection("unused", "foreign", backend="milvus", milvus_uri=uri)
         mv("listed")
         names = list_collections("unused", backend="milvus", milvus_uri=uri)
         assert "foreign" not in names and any(n.endswith("-listed") for n in names)
-        with pytest.raises(CollectionNotFoundError, match="no collection 'absent'"):
+        with pytest.raises(NotFoundError, match="no collection 'absent'"):
             open_collection("unused", "absent", backend="milvus", milvus_uri=uri)
     finally:
         client.drop_collection(milvus_name("foreign"))
@@ -247,7 +240,7 @@ def test_reopen_after_engine_restart(tmp_path, rng):
 
 def test_engine_death_fails_clearly_then_recovers(tmp_path, rng):
     """The Milvus Lite engine behind a .db (milvus-lite 3 runs it in this process, as a gRPC
-    server) dies under an open collection: calls fail with a BackendError that says Milvus is
+    server) dies under an open collection: calls fail with a UnavailableError that says Milvus is
     unreachable; the next call starts a new engine for the same file, and the collection --
     loaded again -- answers as before. No restart of the process, no reopening by the caller."""
     path = str(tmp_path / "dies.db")
@@ -258,7 +251,7 @@ def test_engine_death_fails_clearly_then_recovers(tmp_path, rng):
         before = _ranked(coll.search(x[:3], k=5))
         server = _lite_servers()[str(Path(path).resolve())][0]
         server.stop(grace=0).wait(10)  # the engine's gRPC server is gone
-        with pytest.raises(BackendError, match=r"Milvus at .*dies\.db is unreachable"):
+        with pytest.raises(UnavailableError, match=r"Milvus at .*dies\.db is unreachable"):
             coll.search(x[:3], k=5)
         assert _ranked(coll.search(x[:3], k=5)) == before  # a new engine, the same data
         assert len(coll) == 40 and coll.get("d7")["text"] == "text d7"
@@ -270,7 +263,7 @@ def test_engine_death_fails_clearly_then_recovers(tmp_path, rng):
 
 
 def test_unreachable_server_is_a_backend_error():
-    with pytest.raises(BackendError, match="cannot connect"):
+    with pytest.raises(UnavailableError, match="cannot connect"):
         MilvusCollection.open("http://127.0.0.1:9", "c")
 
 
@@ -374,7 +367,7 @@ def test_multi_vector_upsert_delete_get(multi_pair):
     assert len(mm) == 60 and mm.stats()["vectors"] == sum(len(d) for d in docs) - len(docs[3]) + 3
     mm.delete(["d17"])
     assert "d17" not in mm and all(h.id != "d17" for h in mm.search(q, k=60)[1])
-    with pytest.raises(SpecMismatchError, match="multi-vector"):
+    with pytest.raises(ConflictError, match="multi-vector"):
         mm.add(["x"], rand_unit(np.random.default_rng(0), 2, DIM))
     for m, p in out.values():
         if isinstance(m, FaissCollection):
@@ -389,7 +382,7 @@ def test_factory_defaults_to_faiss(tmp_path):
     assert list_collections(tmp_path) == ["f"] == list_collections(tmp_path, backend="faiss")
     delete_collection(tmp_path, "f")
     assert list_collections(tmp_path) == []
-    with pytest.raises(InvalidInputError, match="unknown backend"):
+    with pytest.raises(InvalidError, match="unknown backend"):
         open_collection(tmp_path, "f", SPEC, backend="qdrant")
 
 
@@ -477,7 +470,7 @@ def test_multi_vector_collection_of_the_old_layout_is_refused_with_how_to_rebuil
     assert manifest["milvus_layout"]["version"] == 2
     del manifest["milvus_layout"]
     client.alter_collection_properties(milvus_name(name), properties={MANIFEST_KEY: json.dumps(manifest)})
-    with pytest.raises(FormatVersionError, match=r"layout 1 \(one row per token vector\).*rebuild it.*"
+    with pytest.raises(ConflictError, match=r"layout 1 \(one row per token vector\).*rebuild it.*"
                                                  r"embedpool index CORPUS --backend milvus"):
         MilvusCollection.open(uri, name)
     assert name in list_collections("unused", backend="milvus", milvus_uri=uri)  # listed, deletable
@@ -492,7 +485,7 @@ def test_multi_vector_collection_of_the_old_layout_is_refused_with_how_to_rebuil
 def test_parts_of_two_writes_are_detected(mv, rng):
     """A crash between the parts of an upsert leaves parts of two versions: read as corrupt,
     naming the document, and repaired by adding it again."""
-    from embedpool.index import CorruptCollectionError
+    from embedpool.errors import InternalError
 
     coll = mv("torn", CollectionSpec(kind="multi", dim=DIM, token_factory="Flat"))
     big = rand_unit(rng, 20_000, DIM)
@@ -501,7 +494,7 @@ def test_parts_of_two_writes_are_detected(mv, rng):
     row = list(client.query(milvus_name(coll.name), filter='pk == "t#1"', output_fields=["*"]))[0]
     row.pop("sparse", None)  # Milvus makes it (the BM25 function of text)
     client.upsert(milvus_name(coll.name), [{**row, "seq": row["seq"] + 1}])
-    with pytest.raises(CorruptCollectionError, match="'t' has parts of different writes.*add the document again"):
+    with pytest.raises(InternalError, match="'t' has parts of different writes.*add the document again"):
         coll.get("t")
     coll.add(["t"], [big])
     np.testing.assert_array_equal(coll.get("t")["vectors"], big)
@@ -573,7 +566,7 @@ def test_companion_factory_maps_to_a_milvus_index(mv, rng):
     q, cq = rand_docs(rng, 3, DIM, 2, 4), rand_unit(rng, 3, CDIM)
     assert _ranked(coll.search(q, k=5, mode="two_stage", companion_queries=cq, candidates=30)) == \
         _ranked(coll.search(q, k=5))
-    with pytest.raises(InvalidInputError, match="spec.companion_factory: .*no Milvus equivalent"):
+    with pytest.raises(InvalidError, match="spec.companion_factory: .*no Milvus equivalent"):
         mv("pca", CollectionSpec(**{**COMPANION.to_dict(), "companion_factory": "PCA4,Flat"}))
 
 

@@ -21,11 +21,11 @@ import pytest
 
 import milvus_lite  # noqa: F401 -- a dependency: the Lite cases must fail without it, not vanish
 
-from embedpool.index import (BackendError, CollectionNotFoundError, CollectionSpec, CorruptCollectionError,
-                             InvalidInputError, list_collections, open_collection)
+from embedpool.errors import InternalError, InvalidError, NotFoundError, UnavailableError
+from embedpool.index import CollectionSpec, list_collections, open_collection
 from embedpool.index.milvus import ClientPool, connection, creation, milvus_name, versions
 from embedpool.index.milvus.schema import NULLS, schema
-from embedpool.index.milvus.versions import UnsupportedMilvusError, features_of
+from embedpool.index.milvus.versions import features_of
 from index_testutil import rand_docs, rand_unit
 
 DIM = 8
@@ -60,9 +60,8 @@ def test_milvus_lite_and_versions_out_of_range(caplog):
     lite = features_of("milvus_lite-3.2.2")
     assert lite.lite and lite.name == "Milvus Lite 3.2.2"
     assert lite.nullable and lite.inverted_index and not lite.query_iterator and not lite.struct_max_sim
-    with pytest.raises(UnsupportedMilvusError, match=r"Milvus 2\.2\.16 is older .*\(2\.3 through 2\.6"):
+    with pytest.raises(UnavailableError, match=r"Milvus 2\.2\.16 is older .*\(2\.3 through 2\.6"):
         features_of("v2.2.16")
-    assert issubclass(UnsupportedMilvusError, BackendError)  # the deployment must change: 503
     with caplog.at_level(logging.WARNING, "embedpool.index"):
         newer = features_of("v2.7.1")
         unread = features_of("nightly")
@@ -72,7 +71,7 @@ def test_milvus_lite_and_versions_out_of_range(caplog):
 
 def test_hnsw_sq_is_refused_before_2_6_naming_what_works():
     for v in ("v2.3.5", "v2.5.4"):
-        with pytest.raises(InvalidInputError, match=r"HNSW_SQ .* needs Milvus 2\.6 .* Milvus 2\.\d\.\d"):
+        with pytest.raises(InvalidError, match=r"HNSW_SQ .* needs Milvus 2\.6 .* Milvus 2\.\d\.\d"):
             features_of(v).check_index_type("HNSW_SQ", "factory")
     features_of("v2.6.0").check_index_type("HNSW_SQ", "factory")
     features_of("v2.3.5").check_index_type("HNSW", "factory")
@@ -160,11 +159,11 @@ def test_a_failed_creation_leaves_nothing(tmp_path, monkeypatch, caplog):
     uri = str(tmp_path / "c.db")
     _inject(monkeypatch, inverted_index=False)
     with caplog.at_level(logging.WARNING, "embedpool.index"):
-        with pytest.raises(BackendError, match="creating collection 'cl'.*(?i:trie)"):
+        with pytest.raises(UnavailableError, match="creating collection 'cl'.*(?i:trie)"):
             open_collection("unused", "cl", COMPANION, backend="milvus", milvus_uri=uri)
     assert "what it had made in Milvus is dropped" in caplog.text
     assert _raw_names(uri) == []
-    with pytest.raises(CollectionNotFoundError):
+    with pytest.raises(NotFoundError):
         open_collection("unused", "cl", backend="milvus", milvus_uri=uri)
     monkeypatch.undo()
     with open_collection("unused", "cl", COMPANION, backend="milvus", milvus_uri=uri) as coll:
@@ -178,12 +177,12 @@ def test_remains_of_a_killed_creation_are_repaired_by_the_next(tmp_path, monkeyp
     uri = str(tmp_path / "k.db")
     _inject(monkeypatch, inverted_index=False)
     monkeypatch.setattr(creation, "_undo", lambda *a: None)  # the process died
-    with pytest.raises(BackendError):
+    with pytest.raises(UnavailableError):
         open_collection("unused", "k", MULTI, backend="milvus", milvus_uri=uri)
     assert milvus_name("k") in _raw_names(uri)
     monkeypatch.undo()
     assert list_collections("unused", backend="milvus", milvus_uri=uri) == []
-    with pytest.raises(CollectionNotFoundError, match="creation is under way or stopped half-way"):
+    with pytest.raises(NotFoundError, match="creation is under way or stopped half-way"):
         open_collection("unused", "k", backend="milvus", milvus_uri=uri)
     monkeypatch.setattr(creation, "CREATION_WAIT", 0.0)
     with caplog.at_level(logging.WARNING, "embedpool.index"):
@@ -231,7 +230,7 @@ def test_a_legacy_half_made_collection_is_remade_when_empty_and_refused_when_not
         conn.client().drop_collection(milvus_name("h") + "__tokens")  # now it holds a document
     finally:
         ClientPool.release(conn)
-    with pytest.raises(CorruptCollectionError, match="incomplete .* holds documents; delete it"):
+    with pytest.raises(InternalError, match="incomplete .* holds documents; delete it"):
         open_collection("unused", "h", backend="milvus", milvus_uri=uri)
 
 
@@ -250,7 +249,7 @@ def test_a_failed_faiss_creation_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="injected"):
         open_collection(data, "f", SINGLE)
     assert list_collections(data) == [] and [p.name for p in data.iterdir()] == []
-    with pytest.raises(CollectionNotFoundError):
+    with pytest.raises(NotFoundError):
         open_collection(data, "f")
     monkeypatch.setattr(folders, "write_durable_bytes", real)
     with open_collection(data, "f", SINGLE) as coll:
@@ -290,7 +289,7 @@ def test_the_issue_failure_on_the_2_3_server_leaves_nothing(milvus_server, monke
     same collection is made."""
     uri = milvus_server.uri
     _inject(monkeypatch, inverted_index=True)
-    with pytest.raises(BackendError, match="index type not match"):
+    with pytest.raises(UnavailableError, match="index type not match"):
         open_collection("unused", "issue", COMPANION, backend="milvus", milvus_uri=uri)
     assert not [n for n in _raw_names(uri) if n.startswith(milvus_name("issue"))]
     monkeypatch.undo()

@@ -3,14 +3,8 @@
 import numpy as np
 import pytest
 
-from embedpool.index import (
-    FaissCollection,
-    CollectionSpec,
-    InvalidInputError,
-    SpecMismatchError,
-    dequantize,
-    quantize,
-)
+from embedpool.errors import ConflictError, InvalidError
+from embedpool.index import CollectionSpec, FaissCollection, dequantize, quantize
 from index_testutil import managed_files, naive_maxsim, rand_docs, rand_unit, unit
 
 DIM = 16
@@ -159,9 +153,9 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     new = rand_unit(rng, 5, dim)
     coll.add(["fresh"], [new])
     assert coll.search([new[:3]], k=1, mode="tokens", k_token=4)[0][0].id == "fresh"
-    with pytest.raises(InvalidInputError, match="companion_queries"):
+    with pytest.raises(InvalidError, match="companion_queries"):
         coll.search(queries, mode="two_stage")
-    with pytest.raises(InvalidInputError, match="unknown search mode"):
+    with pytest.raises(InvalidError, match="unknown search mode"):
         coll.search(queries, mode="nope")
     coll.close()
     pooled.close()
@@ -173,15 +167,15 @@ def test_multi_bad_input(coll_dir, rng):
     coll.commit()
     bad_nan = rand_unit(rng, 3, DIM)
     bad_nan[2, 0] = np.nan
-    with pytest.raises(SpecMismatchError, match="multi-vector"):
+    with pytest.raises(ConflictError, match="multi-vector"):
         coll.add(["x"], rand_unit(rng, 1, DIM))
-    with pytest.raises(InvalidInputError, match="NaN"):
+    with pytest.raises(InvalidError, match="NaN"):
         coll.add(["x", "y"], [rand_unit(rng, 2, DIM), bad_nan])
-    with pytest.raises(SpecMismatchError, match="dimension"):
+    with pytest.raises(ConflictError, match="dimension"):
         coll.add(["x"], [rand_unit(rng, 2, DIM + 1)])
-    with pytest.raises(InvalidInputError, match="empty"):
+    with pytest.raises(InvalidError, match="empty"):
         coll.add(["x"], [np.zeros((0, DIM), np.float32)])
-    with pytest.raises(InvalidInputError, match="two_stage' needs a companion"):
+    with pytest.raises(InvalidError, match="two_stage' needs a companion"):
         coll.search([rand_unit(rng, 2, DIM)], mode="two_stage", companion_queries=rand_unit(rng, 1, DIM))
     assert coll.ids() == _ids(3)
     coll.close()

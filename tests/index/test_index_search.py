@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from embedpool.index import CollectionSpec, InvalidInputError, parse_filter
+from embedpool.errors import InvalidError
+from embedpool.index import CollectionSpec, parse_filter
 from index_testutil import naive_maxsim, rand_docs, rand_unit
 from test_index_contract import _open, milvus_uri, where  # noqa: F401  (fixtures)
 
@@ -159,7 +160,7 @@ def test_delete_by_filter(where, corpus):
         left = set(coll.ids())
         assert left == {f"d{i}" for i, m in enumerate(corpus["meta"]) if not pred(m)}
         assert coll.delete_where({"tenant": "nobody"}) == 0
-        with pytest.raises(InvalidInputError, match="needs a filter"):
+        with pytest.raises(InvalidError, match="needs a filter"):
             coll.delete_where(None)
     finally:
         coll.close()
@@ -182,7 +183,7 @@ def test_delete_by_filter(where, corpus):
 def test_bad_filters_say_what_is_wrong(where, bad, message):
     coll = _open(where, "f4", SINGLE)
     try:
-        with pytest.raises(InvalidInputError, match="^filter: .*" + message):
+        with pytest.raises(InvalidError, match="^filter: .*" + message):
             coll.search(rand_unit(np.random.default_rng(1), 1, DIM), k=3, filter=bad)
     finally:
         coll.close()
@@ -293,11 +294,11 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
                 [h.id for h in alone[0]]
             assert [h.id for h in coll.search(qs, k=10, mode="hybrid", texts=text, weight=0, **kw)[0]] == \
                 [h.id for h in lex[:10]]
-        with pytest.raises(InvalidInputError, match="weight"):
+        with pytest.raises(InvalidError, match="weight"):
             coll.search(qs, mode="hybrid", texts=text, weight=1.5)
-        with pytest.raises(InvalidInputError, match="fusion"):
+        with pytest.raises(InvalidError, match="fusion"):
             coll.search(qs, mode="hybrid", texts=text, fusion="max")
-        with pytest.raises(InvalidInputError, match="need texts"):
+        with pytest.raises(InvalidError, match="need texts"):
             coll.search(qs, mode="bm25")
     finally:
         coll.close()
@@ -358,7 +359,7 @@ def test_milvus_without_full_text_says_so(milvus_uri):  # noqa: F811
     try:
         assert coll.manifest["milvus_full_text"] is True  # Milvus Lite has it
         coll._manifest["milvus_full_text"] = False  # as a collection made on a 2.4 server reads
-        with pytest.raises(InvalidInputError, match="no full-text.*Milvus 2.5 and later"):
+        with pytest.raises(InvalidError, match="no full-text.*Milvus 2.5 and later"):
             coll.search(k=3, mode="bm25", texts=["cat"])
     finally:
         coll.close()

@@ -5,19 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from embedpool.index import (
+    CollectionSpec,
     FORMAT_VERSION,
     FaissCollection,
-    CollectionError,
-    CollectionLockedError,
-    CollectionNotFoundError,
-    CollectionSpec,
-    DocumentNotFoundError,
-    FormatVersionError,
-    InvalidInputError,
-    NotACollectionError,
-    SpecMismatchError,
-    TrainingError,
     delete_collection,
     list_collections,
 )
@@ -97,9 +89,9 @@ def test_delete_removes_from_results(coll_dir, rng):
     coll = FaissCollection.open(coll_dir, "c")
     assert len(coll) == 38 and "d1" not in coll.ids()
     assert all(h.id not in ("d1", "d2") for r in coll.search(x[1:3], k=40) for h in r)
-    with pytest.raises(DocumentNotFoundError) as e:
+    with pytest.raises(NotFoundError) as e:
         coll.get("d1")
-    assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+    assert isinstance(e.value, LookupError) and e.value.kind.value == "not_found"
     coll.close()
 
 
@@ -107,7 +99,7 @@ def test_delete_unknown_id_changes_nothing(coll_dir, rng):
     coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
     coll.commit()
-    with pytest.raises(DocumentNotFoundError, match="nope"):
+    with pytest.raises(NotFoundError, match="nope"):
         coll.delete(["d0", "nope"])
     assert "d0" in coll and len(coll) == 40
     coll.close()
@@ -139,9 +131,9 @@ def test_manifest_mismatch_refused_and_data_unchanged(coll_dir, rng, change):
     coll.close()
     other = CollectionSpec(**{**SPEC.to_dict(), **change})
     field = next(iter(change))
-    with pytest.raises(SpecMismatchError, match=field):
+    with pytest.raises(ConflictError, match=field):
         FaissCollection.create(coll_dir, "c", other)
-    with pytest.raises(SpecMismatchError):
+    with pytest.raises(ConflictError):
         FaissCollection.open_or_create(coll_dir, "c", other)
     coll = FaissCollection.open_or_create(coll_dir, "c", SPEC)  # same spec: returns the existing one
     assert _snapshot(coll, q) == before
@@ -160,28 +152,37 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
     inf = good.copy()
     inf[0, 0] = np.inf
     cases = [
-        (SpecMismatchError, "dimension", dict(ids=["n0", "n1"], vectors=rand_unit(rng, 2, DIM + 2))),
-        (SpecMismatchError, "model", dict(ids=["n0", "n1"], vectors=good, model="bge-small")),
-        (SpecMismatchError, "pooler", dict(ids=["n0", "n1"], vectors=good, pooler="cls")),
-        (SpecMismatchError, "single-vector", dict(ids=["n0", "n1"], vectors=[good, good])),
-        (SpecMismatchError, "norm", dict(ids=["n0", "n1"], vectors=good * 3)),
-        (InvalidInputError, "NaN", dict(ids=["n0", "n1"], vectors=nan)),
-        (InvalidInputError, "NaN or infinity", dict(ids=["n0", "n1"], vectors=inf)),
-        (InvalidInputError, "duplicate ids.*'n0'", dict(ids=["n0", "n0"], vectors=good)),
-        (InvalidInputError, "2 ids but 3 vectors", dict(ids=["n0", "n1"], vectors=rand_unit(rng, 3, DIM))),
-        (InvalidInputError, "JSON", dict(ids=["n0", "n1"], vectors=good, metadata=[{"x": object()}, None])),
-        (InvalidInputError, "non-empty strings", dict(ids=["n0", 5], vectors=good)),
+        (ConflictError, "dimension", dict(ids=["n0", "n1"], vectors=rand_unit(rng, 2, DIM + 2))),
+        (ConflictError, "model", dict(ids=["n0", "n1"], vectors=good, model="bge-small")),
+        (ConflictError, "pooler", dict(ids=["n0", "n1"], vectors=good, pooler="cls")),
+        (ConflictError, "single-vector", dict(ids=["n0", "n1"], vectors=[good, good])),
+        (ConflictError, "norm", dict(ids=["n0", "n1"], vectors=good * 3)),
+        (InvalidError, "NaN", dict(ids=["n0", "n1"], vectors=nan)),
+        (InvalidError, "NaN or infinity", dict(ids=["n0", "n1"], vectors=inf)),
+        (InvalidError, "duplicate ids.*'n0'", dict(ids=["n0", "n0"], vectors=good)),
+        (InvalidError, "2 ids but 3 vectors", dict(ids=["n0", "n1"], vectors=rand_unit(rng, 3, DIM))),
+        (InvalidError, "JSON", dict(ids=["n0", "n1"], vectors=good, metadata=[{"x": object()}, None])),
+        (InvalidError, "non-empty strings", dict(ids=["n0", 5], vectors=good)),
     ]
     for err, msg, kw in cases:
         with pytest.raises(err, match=msg):
             coll.add(**kw)
         assert isinstance(err("x"), ValueError)
+    # each error names the argument at fault (what the HTTP layer reports as `param`)
+    params = []
+    for kw in (dict(ids=["n0", "n0"], vectors=good), dict(ids=["n0", "n1"], vectors=nan),
+               dict(ids=["n0", "n1"], vectors=good, metadata=[{"x": object()}, None]),
+               dict(ids=["n0", "n1"], vectors=good, pooler="cls")):
+        with pytest.raises((InvalidError, ConflictError)) as e:
+            coll.add(**kw)
+        params.append(e.value.param)
+    assert params == ["ids", "vectors", "metadata", "pooler"]
     assert _snapshot(coll, q) == before
     coll.commit()
     coll.close()
     coll = FaissCollection.open(coll_dir, "c")
     assert _snapshot(coll, q) == before
-    with pytest.raises(SpecMismatchError, match="dimension"):
+    with pytest.raises(ConflictError, match="dimension"):
         coll.search(rand_unit(rng, 1, DIM + 1))
     coll.close()
 
@@ -218,7 +219,7 @@ def test_hnsw_delete_filters_then_compact_rebuilds(coll_dir, rng):
 def test_ivfpq_needs_enough_vectors_for_training(coll_dir, rng):
     spec = CollectionSpec(kind="single", dim=DIM, factory="IVF8,PQ4")
     coll = FaissCollection.create(coll_dir, "ivf", spec)
-    with pytest.raises(TrainingError, match=r"at least 256 vectors.*has 100"):
+    with pytest.raises(InvalidError, match=r"at least 256 vectors.*has 100"):
         coll.add([f"d{i}" for i in range(100)], rand_unit(rng, 100, DIM))
     assert len(coll) == 0
     x = rand_unit(rng, 600, DIM)
@@ -236,7 +237,7 @@ def test_ivfpq_needs_enough_vectors_for_training(coll_dir, rng):
 
 
 def test_bad_factory_is_refused(coll_dir):
-    with pytest.raises(InvalidInputError, match="factory"):
+    with pytest.raises(InvalidError, match="factory"):
         FaissCollection.create(coll_dir, "bad", CollectionSpec(kind="single", dim=DIM, factory="NoSuch99"))
     assert list_collections(coll_dir) == []
 
@@ -244,11 +245,11 @@ def test_bad_factory_is_refused(coll_dir):
 def test_not_a_collection_and_newer_format(coll_dir, rng):
     (coll_dir / "junk").mkdir(parents=True)
     (coll_dir / "junk" / "file.txt").write_text("hi")
-    with pytest.raises(NotACollectionError, match="not an embedpool collection"):
+    with pytest.raises(ConflictError, match="not an embedpool collection"):
         FaissCollection.open(coll_dir, "junk")
-    with pytest.raises(NotACollectionError):
+    with pytest.raises(ConflictError):
         FaissCollection.create(coll_dir, "junk", SPEC)
-    with pytest.raises(CollectionNotFoundError, match="no collection 'missing'"):
+    with pytest.raises(NotFoundError, match="no collection 'missing'"):
         FaissCollection.open(coll_dir, "missing")
     coll = FaissCollection.create(coll_dir, "c", SPEC)
     _fill(coll, rng)
@@ -258,13 +259,12 @@ def test_not_a_collection_and_newer_format(coll_dir, rng):
     m = json.loads(path.read_text())
     m["format_version"] = 99
     path.write_text(json.dumps(m))
-    with pytest.raises(FormatVersionError, match="upgrade"):
+    with pytest.raises(ConflictError, match="upgrade"):
         FaissCollection.open(coll_dir, "c")
     path.write_text("{not json")
-    with pytest.raises(NotACollectionError):
+    with pytest.raises(ConflictError):
         FaissCollection.open(coll_dir, "c")
-    assert issubclass(FormatVersionError, CollectionError) and issubclass(CollectionError, ValueError)
-    with pytest.raises(InvalidInputError, match="invalid collection name"):
+    with pytest.raises(InvalidError, match="invalid collection name"):
         FaissCollection.open(coll_dir, "../etc")
 
 
@@ -275,9 +275,9 @@ def test_list_and_delete_collections(coll_dir, rng):
     assert list_collections(coll_dir) == ["a", "b"]
     delete_collection(coll_dir, "a")
     assert list_collections(coll_dir) == ["b"]
-    with pytest.raises(CollectionNotFoundError):
+    with pytest.raises(NotFoundError):
         delete_collection(coll_dir, "a")
-    with pytest.raises(NotACollectionError):
+    with pytest.raises(ConflictError):
         delete_collection(coll_dir, "junk")
     assert list_collections(coll_dir / "nowhere") == []
 
@@ -286,11 +286,11 @@ def test_one_writer_at_a_time(coll_dir, rng):
     a = FaissCollection.create(coll_dir, "c", SPEC)
     b = FaissCollection.open(coll_dir, "c")
     _fill(a, rng, n=5)
-    with pytest.raises(CollectionLockedError, match="one writer"):
+    with pytest.raises(ConflictError, match="one writer"):
         b.add(["x"], rand_unit(rng, 1, DIM))
     assert len(b) == 0  # b sees the committed state only
     a.commit()
-    with pytest.raises(CollectionLockedError, match="open it again"):
+    with pytest.raises(ConflictError, match="open it again"):
         b.add(["x"], rand_unit(rng, 1, DIM))
     b.close()
     b = FaissCollection.open(coll_dir, "c")

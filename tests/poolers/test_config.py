@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from embedpool.poolers import REGISTRY, PoolerSpecError, build_pooler
+from embedpool.errors import InvalidError
+from embedpool.poolers import REGISTRY, build_pooler
 from embedpool.poolers.attention import AttentionHead, AttentionPooler, RoleHeads
 from embedpool.poolers.base import Pooler
 
@@ -98,10 +99,10 @@ def test_defaults_from_an_empty_config_and_bad_configs_refused(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"g": "seven"}))
-    with pytest.raises(PoolerSpecError, match="not a valid int"):
+    with pytest.raises(InvalidError, match="not a valid int"):
         REGISTRY["landmark"].load(bad)
     (bad / "config.json").write_text(json.dumps({"pool_factor": 2}))
-    with pytest.raises(PoolerSpecError, match="no option 'pool_factor'"):
+    with pytest.raises(InvalidError, match="no option 'pool_factor'"):
         REGISTRY["landmark"].load(bad)
     (bad / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a readable config"):

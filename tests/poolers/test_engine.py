@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedpool.poolers import Embedder, FrozenEncoder, Plan, PoolerSpecError, build_pooler
+from embedpool.errors import InvalidError, NotFoundError
+from embedpool.poolers import Embedder, FrozenEncoder, Plan, build_pooler
 from embedpool.poolers.attention import AttentionHead
 from embedpool.poolers.encoder import WINDOWED, default_model_path, pooling_mode_from_config
 
@@ -184,7 +185,7 @@ def test_attention_head_for_another_encoder_refused(tmp_path, encoder):
 
 
 def test_attention_missing_weights_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="head.safetensors"):
+    with pytest.raises(NotFoundError, match="head.safetensors"):
         build_pooler(f"attention:weights={tmp_path / 'nope'}")
 
 
@@ -207,13 +208,13 @@ def test_normalize_flag(embedder):
 
 # ---------------------------------------------------------------- bad input
 def test_unknown_pooler_names_choices(embedder):
-    with pytest.raises(PoolerSpecError, match="choose one of: auto, attention, attnstats, cls, cluster"):
+    with pytest.raises(InvalidError, match="choose one of: auto, attention, attnstats, cls, cluster"):
         embedder.embed(["x"], ["nope"])
-    with pytest.raises(PoolerSpecError, match="valid options: pool_factor, protected"):
+    with pytest.raises(InvalidError, match="valid options: pool_factor, protected"):
         embedder.embed(["x"], ["cluster:factor=2"])
-    with pytest.raises(PoolerSpecError, match="not a valid int"):
+    with pytest.raises(InvalidError, match="not a valid int"):
         embedder.embed(["x"], ["landmark:g=abc"])
-    with pytest.raises(PoolerSpecError, match="key=value"):
+    with pytest.raises(InvalidError, match="key=value"):
         embedder.embed(["x"], ["cluster:2"])
     with pytest.raises(ValueError, match="pool_factor must be >= 1"):
         embedder.embed(["x"], ["cluster:pool_factor=0.5"])
@@ -223,9 +224,9 @@ def test_unknown_pooler_names_choices(embedder):
 
 
 def test_type_errors(embedder):
-    with pytest.raises(TypeError, match="input 1 is int"):
+    with pytest.raises(InvalidError, match="input 1 is int"):
         embedder.embed(["ok", 3], ["mean"])
-    with pytest.raises(TypeError, match="not a single string"):
+    with pytest.raises(InvalidError, match="not a single string"):
         embedder.embed("a string", ["mean"])
     with pytest.raises(ValueError, match="role must be one of"):
         embedder.embed(["x"], ["mean"], role="passage")
@@ -297,7 +298,7 @@ def test_auto_pooler_and_prompts_follow_the_model(cls_model_dir):
 
 
 def test_unknown_model_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+    with pytest.raises(NotFoundError, match="nothing is downloaded"):
         FrozenEncoder("no-such-org/no-such-model-xyz")
 
 

@@ -13,7 +13,8 @@ import torch
 from fde_reference import fde_literal, phi  # noqa: E402  (tests/poolers is on sys.path)
 from scipy.stats import spearmanr
 
-from embedpool.poolers import PoolerSpecError, TokenStates, build_pooler
+from embedpool.errors import InvalidError
+from embedpool.poolers import TokenStates, build_pooler
 from embedpool.poolers.encoder import WINDOWED
 from embedpool.poolers.fde import FDE
 
@@ -105,7 +106,7 @@ def test_spec_records_every_parameter_and_bad_options_are_refused():
                      ("fde:final_dim=-1", "final_dim")):
         with pytest.raises(ValueError, match=msg):
             build_pooler(bad)
-    with pytest.raises(PoolerSpecError, match="valid options"):
+    with pytest.raises(InvalidError, match="valid options"):
         build_pooler("fde:bits=3")
     with pytest.raises(ValueError, match="dim_proj"):
         build_pooler("fde:dim_proj=999").encode_sets([np.ones((2, 384), np.float32)], "query")

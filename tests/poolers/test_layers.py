@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedpool.poolers import Embedder, PoolerSpecError, build_pooler
+from embedpool.errors import InvalidError
+from embedpool.poolers import Embedder, build_pooler
 from embedpool.poolers.encoder import default_model_path
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
 from embedpool.poolers.precision import load_forward, resolve
@@ -129,7 +130,7 @@ def test_maxpoolbert_is_the_papers_max_over_the_last_layers_cls(embedder, refere
 
 def test_bad_layer_options_are_refused_with_the_valid_forms(embedder):
     for spec in ("layermean:layers=first", "maxpoolbert:layers=last0", "layermean:layers=1+x"):
-        with pytest.raises(PoolerSpecError, match="use all, last<k>"):
+        with pytest.raises(InvalidError, match="use all, last<k>"):
             build_pooler(spec)
     with pytest.raises(ValueError, match="has 7 hidden layers"):
         embedder.embed(["x"], ["layermean:layers=1+9"])
@@ -197,15 +198,11 @@ def test_a_trained_multilayer_head_round_trips_to_identical_vectors(roles, tmp_p
     for p in (pooler, again):
         for role in ("query", "document"):
             for j, i in enumerate(ids):
-                assert np.array_equal(p.pool_role(st, role)[j].numpy(), _raw(embedder, spec, role, i))
+                assert np.array_equal(p.pool_role(st, role)[j].numpy(), out[role][i])
     assert pooler.queries == 2 and pooler.multi_vector and pooler.role_aware == (roles == "separate")
     assert (roles == "separate") == (not np.allclose(out["query"][0], out["document"][0], atol=1e-4))
     mean = embedder.embed(TEXTS, ["mean"], normalize=False).matrix("mean")
     assert not np.allclose(out["document"][0][0], mean[0], atol=1e-3)  # trained: no longer mean
-
-
-def _raw(embedder, spec, role, i):
-    return embedder.embed(TEXTS, [spec], role=role, normalize=False).vectors[spec][i]
 
 
 def test_a_head_trained_for_another_encoder_is_refused(tmp_path, encoder):
@@ -224,9 +221,9 @@ def test_attention_and_multilayer_heads_are_not_interchangeable(tmp_path, encode
 
     _trained(MultiLayerHead).save(tmp_path / "ml", encoder=encoder.model_id)
     AttentionHead(384).save(tmp_path / "att", encoder=encoder.model_id)
-    with pytest.raises(PoolerSpecError, match="head for pooler 'multilayer', not 'attention'; use multilayer:weights="):
+    with pytest.raises(InvalidError, match="head for pooler 'multilayer', not 'attention'; use multilayer:weights="):
         build_pooler(f"attention:weights={tmp_path / 'ml'}", model_id=encoder.model_id)
-    with pytest.raises(PoolerSpecError, match="head for pooler 'attention', not 'multilayer'; use attention:weights="):
+    with pytest.raises(InvalidError, match="head for pooler 'attention', not 'multilayer'; use attention:weights="):
         build_pooler(f"multilayer:weights={tmp_path / 'att'}", model_id=encoder.model_id)
 
 
@@ -237,7 +234,7 @@ def test_a_trained_multilayer_head_is_batch_invariant_over_long_inputs(tmp_path,
     the one it gets alone."""
     _trained(MultiLayerRoleHeads, queries=2).save(tmp_path / "h", encoder=encoder.model_id)
     spec = f"multilayer:weights={tmp_path / 'h'}"
-    texts = [t for pair in zip(scifact_docs[:24], varied_texts[:24]) for t in pair]
+    texts = [t for pair in zip(scifact_docs[:12], varied_texts[:12]) for t in pair]
     assert sum(len(encoder.tokenizer(t)["input_ids"]) > encoder.max_length for t in texts) >= 3
     old, calls = encoder.max_batch_tokens, encoder.stats.forward_calls
     encoder.max_batch_tokens = 2 * encoder.max_length
@@ -245,8 +242,8 @@ def test_a_trained_multilayer_head_is_batch_invariant_over_long_inputs(tmp_path,
         together = {role: embedder.embed(texts, [spec, "mean"], role=role) for role in ("query", "document")}
     finally:
         encoder.max_batch_tokens = old
-    assert encoder.stats.forward_calls - calls >= 2 * 10  # each role's call ran many forward batches
-    for i in range(0, len(texts), 7):
+    assert encoder.stats.forward_calls - calls >= 2 * 5  # each role's call ran many forward batches
+    for i in range(0, len(texts), 5):
         for role, r in together.items():
             alone = embedder.embed([texts[i]], [spec], role=role).vectors[spec][0]
             np.testing.assert_allclose(r.vectors[spec][i], alone, atol=1e-5, err_msg=f"{role} {i}")

@@ -180,7 +180,6 @@ def test_auto_falls_back_to_fp32_when_a_path_cannot_build(monkeypatch):
         FrozenEncoder(precision="openvino-bf16")
 
 
-@pytest.mark.skipif(not library_available("openvino"), reason="openvino not installed")
 def test_graphs_are_cached_by_model_path_version_and_isa(encoder, tmp_path):
     from embedpool.poolers import runtimes
 

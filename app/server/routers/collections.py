@@ -19,8 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from embedpool import index
 from embedpool.app import retrieval
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_collections, get_engine
-from embedpool.app.server.errors import Conflict, Invalid
+from embedpool.app.server.deps import get_collections, get_engines
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import (
@@ -37,7 +36,9 @@ from embedpool.app.server.schemas import (
     SearchRequest,
     SearchResponse,
 )
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.engine import Engine, Engines
+from embedpool.app.server.state import Collections
+from embedpool.errors import ConflictError, InvalidError
 
 log = logging.getLogger("embedpool.server")
 
@@ -55,17 +56,18 @@ def _info(name: str, manifest: dict[str, Any], stats: dict[str, Any] | None = No
             "created": manifest.get("created"), "updated": manifest.get("updated"), "stats": stats}
 
 
-def _check_model(engine: Engine, coll: index.CollectionBase) -> None:
-    if coll.spec.model and coll.spec.model != engine.embedder.model_id:
-        raise Conflict(f"collection {coll.name!r} holds vectors of model {coll.spec.model!r}, but this "
-                       f"server runs {engine.embedder.model_id!r}; serve that model or use another collection")
-
-
-async def _open(collections: Collections, engine: Engine, name: str) -> index.CollectionBase:
-    engine.require()
+async def _open(collections: Collections, engines: Engines, name: str,
+                model: str | None = None) -> tuple[index.CollectionBase, Engine]:
+    """The collection and the engine of the model its manifest records (409 if it is not served,
+    or if the request names another one in ``model``)."""
+    engines.default.require()
     coll = await run_in_threadpool(collections.get, name)
-    _check_model(engine, coll)
-    return coll
+    engine = engines.for_collection(coll.name, coll.spec.model)
+    if model is not None and engines.pick(model) is not engine:
+        raise ConflictError(f"model: collection {coll.name!r} holds vectors of model {engine.embedder.model_id!r} "
+                            f"(served as {engine.name!r}) and is searched with that model only, not {model!r}",
+                            param="model")
+    return coll, engine
 
 
 def _companion(engine: Engine, collections: Collections, spec: str, body: CollectionCreate,
@@ -76,11 +78,11 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
     try:
         cspec, _ = engine.pooler(body.companion, field="companion") if body.companion != retrieval.AUTO_COMPANION \
             else (body.companion, None)
-    except Invalid:
+    except InvalidError:
         if body.companion in collections.names():  # the older API named a companion collection
-            raise Invalid(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
-                          "vectors itself and writes them with every upsert: send the companion's pooler instead "
-                          "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
+            raise InvalidError(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
+                               "vectors itself and writes them with every upsert: send the companion's pooler instead "
+                               "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
         raise
     cspec, rows = retrieval.resolve_companion(engine.embedder, spec, cspec)
     return dict(companion_pooler=cspec, companion_rows=rows, companion_factory=body.companion_factory,
@@ -90,30 +92,32 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
 def _analyzer(spec: str) -> str:
     try:
         return index.canonical_analyzer(spec)
-    except index.InvalidInputError as e:
-        raise Invalid(f"analyzer: {e}", param="analyzer") from None
+    except InvalidError as e:
+        raise InvalidError(f"analyzer: {e}", param="analyzer") from None
 
 
 # ---------------------------------------------------------------------- collections
 @router.post("", status_code=201, response_model=CollectionInfo,
              responses={200: {"model": CollectionInfo, "description": "it already existed with these settings"},
                         **E409, **E422})
-async def create_collection(body: CollectionCreate, response: Response, engine: Engine = Depends(get_engine),
+async def create_collection(body: CollectionCreate, response: Response, engines: Engines = Depends(get_engines),
                             collections: Collections = Depends(get_collections),
                             dimensions: int | None = Query(None, ge=1, description="Matryoshka: store the first N dimensions")) -> Any:
-    """Create a collection for the server's model and a pooler (201), or return the existing one
-    if its settings are the same (200); other settings: 409."""
+    """Create a collection for a served model (`model`, default the server's first) and a pooler
+    (201), or return the existing one if its settings are the same (200); other settings: 409.
+    The collection records its model: every upsert and search of it is embedded with that model."""
+    engine = engines.pick(body.model)
     engine.require()
     spec_str, multi = engine.pooler(body.pooler)
     kind = body.kind or ("multi" if multi else "single")
     if multi and kind == "single":
-        raise Invalid(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
-                      "or a single-vector pooler", param="kind")
+        raise InvalidError(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
+                           "or a single-vector pooler", param="kind")
     if not multi and kind == "multi":
-        raise Invalid(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
-                      "or a multi-vector pooler (tokens, cluster)", param="kind")
+        raise InvalidError(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
+                           "or a multi-vector pooler (tokens, cluster)", param="kind")
     if body.companion is not None and kind != "multi":
-        raise Invalid("companion: only multi-vector collections have a companion", param="companion")
+        raise InvalidError("companion: only multi-vector collections have a companion", param="companion")
     engine.check_dimensions(dimensions)
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
@@ -132,7 +136,7 @@ def list_collections(collections: Collections = Depends(get_collections)) -> Any
     for name in collections.names():
         try:
             out.append(_info(name, collections.manifest(name)))
-        except index.CollectionError as exc:
+        except InvalidError as exc:
             log.warning("skipping collection %s: %s", name, exc)
     return {"collections": out}
 
@@ -154,16 +158,16 @@ def delete_collection(name: str = NAME, collections: Collections = Depends(get_c
 # ---------------------------------------------------------------------- documents
 @router.post("/{name}/documents", response_model=DocumentsUpserted, responses={**E404, **E409, **E422})
 async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsIn, name: str = NAME,
-                           engine: Engine = Depends(get_engine),
+                           engines: Engines = Depends(get_engines),
                            collections: Collections = Depends(get_collections)) -> Any:
     """Embed and insert (or replace, by id) documents: a list of `{id, text, metadata}` or
     `{"documents": [...]}`. Committed before the answer."""
     docs = body.documents if isinstance(body, DocumentsIn) else body
     if not docs:
-        raise Invalid("documents: empty list; give at least one {id, text, metadata}", param="documents")
+        raise InvalidError("documents: empty list; give at least one {id, text, metadata}", param="documents")
     texts = [d.text for d in docs]
-    check_inputs(texts, engine.settings, "documents")
-    coll = await _open(collections, engine, name)
+    check_inputs(texts, engines.default.settings, "documents")
+    coll, engine = await _open(collections, engines, name)
     own, comp = retrieval.document_embeddings(coll.spec, engine.embedder.natural_dim)
     wanted = [own] + ([comp] if comp else [])
     for e in wanted:
@@ -215,17 +219,17 @@ def delete_document(name: str = NAME, doc_id: str = Path(..., description="docum
 
 # ---------------------------------------------------------------------- search
 @router.post("/{name}/search", response_model=SearchResponse, responses={**E404, **E409, **E422})
-async def search(request: Request, body: SearchRequest, name: str = NAME, engine: Engine = Depends(get_engine),
+async def search(request: Request, body: SearchRequest, name: str = NAME, engines: Engines = Depends(get_engines),
                  collections: Collections = Depends(get_collections)) -> Any:
     """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`),
     among those that match `filter`. Scores: inner product (cosine when normalized), squared L2 for
     `l2`, MaxSim for multi-vector, BM25 for `bm25`, the fused score for `hybrid`."""
     texts = [body.query] if body.query is not None else list(body.queries or [])
     field = "queries" if body.queries is not None else "query"
-    check_inputs(texts, engine.settings, field)
-    coll = await _open(collections, engine, name)
+    check_inputs(texts, engines.default.settings, field)
+    coll, engine = await _open(collections, engines, name, body.model)
     need = retrieval.companion_name(coll.spec, body.mode, name, body.vector_mode)
-    comp = await _open(collections, engine, need) if need else None
+    comp = (await _open(collections, engines, need, engine.name))[0] if need else None
     search = retrieval.Search(coll, engine.embedder.natural_dim, k=body.k, mode=body.mode, candidates=body.candidates,
                               k_token=body.k_token, companion=comp, filter=body.filter, vector_mode=body.vector_mode,
                               fusion=body.fusion, weight=body.weight)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from embedpool.app.batcher import EmbedOutput
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
+from embedpool.app.server.deps import get_engines
 from embedpool.app.server.limits import check_inputs
 from embedpool.app.server.output import encode_vectors, output_ranges, sparse_vectors
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import EmbedRequest, EmbedResponse, MultiEmbedResponse
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engines
+from embedpool.poolers import EmbedOptions
 
 router = APIRouter(tags=["embeddings"], dependencies=[Depends(require_api_key)])
 
@@ -25,7 +24,7 @@ ERRORS = {
 
 
 @router.post("/embed", response_model=EmbedResponse | MultiEmbedResponse, responses=ERRORS)
-async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
+async def embed(body: EmbedRequest, request: Request, engines: Engines = Depends(get_engines)) -> JSON:
     """Embed `inputs` with `pooler` (answer: `embeddings`) or with each of `poolers` (answer:
     `results`, one per pooler). Single-vector poolers give one vector per input, multi-vector
     poolers (`tokens`, `cluster`, ...) a list of vectors per input.
@@ -36,6 +35,7 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
     vectors lie in it), or the request's `ranges`. `encoding_format: base64` sends each input's
     codes as one string (little-endian, row-major; multi-vector: `reshape(-1, width)`). A sparse
     pooler (`splade`, for models with an MLM head) gives each input `{indices, values}`."""
+    engine = engines.pick(body.model)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     check_inputs(texts, engine.settings, "inputs")
     if body.poolers is not None:
@@ -47,9 +47,10 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
     ranges = output_ranges(body.precision, body.ranges, normalize=body.normalize,
                            dim=body.dimensions or engine.embedder.dim)
     specs = list(dict.fromkeys(spec for spec, _ in resolved))
-    out = await engine.embed(request, texts, specs, role=body.role, normalize=body.normalize,
-                             dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
-                             truncation_direction=body.truncation_direction)
+    options = EmbedOptions(role=body.role, normalize=body.normalize, dimensions=body.dimensions,
+                           truncate=body.truncate, prompt_name=body.prompt_name,
+                           truncation_direction=body.truncation_direction)
+    out = await engine.embed(request, texts, specs, options)
 
     def codes(spec: str) -> list:
         if engine.embedder.pooler(spec).sparse:
@@ -57,7 +58,7 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
         return encode_vectors(out.vectors[spec], body.precision, body.encoding_format, ranges)
 
     head = {"model": engine.embedder.model_id, "precision": body.precision}
-    usage = {"tokens": out.tokens}
+    usage = {"tokens": out.usage}
     if body.poolers is None:
         spec, multi = resolved[0]
         return JSON({**head, "pooler": spec, "multi_vector": multi, "embeddings": codes(spec), "usage": usage})
@@ -65,27 +66,3 @@ async def embed(body: EmbedRequest, request: Request, engine: Engine = Depends(g
                  "results": [{"pooler": spec, "multi_vector": multi, "embeddings": codes(spec)}
                              for spec, multi in resolved],
                  "usage": usage})
-
-
-async def embed_with(engine: Engine, request: Request, texts: list[str], pooler: str | None, *,
-                     multi: bool, alternative: str, field: str = "inputs", role: str = "document",
-                     normalize: bool = True, dimensions: int | None = None, truncate: bool = True,
-                     prompt_name: str | None = None, truncation_direction: str = "right") -> tuple[str, EmbedOutput]:
-    """``(canonical spec, output)`` of ``texts`` embedded with one pooler, which must be
-    multi-vector or not as ``multi`` says (a 422 naming ``alternative``, the route that takes
-    the other kind, if not): the checks and the embedding of ``/v1/embeddings`` and TEI's
-    ``/tei/embed`` and ``/tei/embed_all``."""
-    check_inputs(texts, engine.settings, field)
-    spec, is_multi = engine.pooler(pooler)
-    if is_multi and not multi:
-        raise Invalid(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
-                      f"cannot carry; {alternative}", param="pooler")
-    if multi and not is_multi:
-        raise Invalid(f"pooler: {spec!r} gives one vector per input, and this route answers a list of vectors "
-                      f"per input: send a multi-vector pooler (tokens, cluster), or {alternative}", param="pooler")
-    engine.check_dimensions(dimensions)
-    engine.check_prompt(prompt_name)
-    out = await engine.embed(request, texts, [spec], role=role, normalize=normalize, dimensions=dimensions,
-                             truncate=truncate, prompt_name=prompt_name, truncation_direction=truncation_direction,
-                             field=field)
-    return spec, out

@@ -5,17 +5,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_collections, get_engine
-from embedpool.app.server.schemas import Health, Info, PoolerInfo
-from embedpool.app.server.state import Collections, Engine
+from embedpool.app.server.deps import get_collections, get_engines
+from embedpool.app.server.engine import Engine, Engines
+from embedpool.app.server.schemas import Health, Info, ModelInfo, PoolerInfo
+from embedpool.app.server.state import Collections
 
 router = APIRouter(tags=["service"])
 
 
 @router.get("/health", response_model=Health,
             responses={503: {"model": Health, "description": "the model is loading (or failed to load)"}})
-async def health(engine: Engine = Depends(get_engine)) -> Response:
-    """200 once the model is loaded and the batcher runs; 503 while it loads (no API key needed).
+async def health(engines: Engines = Depends(get_engines)) -> Response:
+    """200 once every model is loaded and its batcher runs; 503 while one loads (no API key
+    needed). `model`: the default model; `models`: each served model's status, by name.
     ``storage`` says whether the collections' backend answers (a Milvus server that is down:
     ``unreachable`` with the reason; embedding still works, so the status stays 200)."""
     from starlette.concurrency import run_in_threadpool
@@ -23,11 +25,14 @@ async def health(engine: Engine = Depends(get_engine)) -> Response:
     from embedpool import index
     from embedpool.app.server.responses import JSON
 
+    engine = engines.default
     s = engine.settings
     storage = await run_in_threadpool(index.storage_status, s.data_dir, **s.store())
-    body = Health(status=engine.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
-                  error=engine.error, storage=storage)
-    return JSON(body.model_dump(exclude_none=True), status_code=200 if engine.status == "ready" else 503)
+    errors = "; ".join(f"{e.name}: {e.error}" for e in engines if e.error) or None
+    body = Health(status=engines.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
+                  error=errors if len(engines) > 1 else engine.error, storage=storage,
+                  models={e.name: e.status for e in engines} if len(engines) > 1 else None)
+    return JSON(body.model_dump(exclude_none=True), status_code=200 if engines.status == "ready" else 503)
 
 
 @router.get("/metrics", response_class=Response,
@@ -39,27 +44,31 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/info", response_model=Info, dependencies=[Depends(require_api_key)])
-def info(engine: Engine = Depends(get_engine), collections: Collections = Depends(get_collections)) -> Info:
-    """The model, its dimension and window, the poolers and the collections."""
+def info(engines: Engines = Depends(get_engines), collections: Collections = Depends(get_collections)) -> Info:
+    """The default model (its dimension, window, precision) at the top level, every served model
+    in `models`, the poolers and the collections."""
     from embedpool.poolers import REGISTRY
 
+    engine = engines.default
     s = engine.settings
-    emb = engine.embedder if engine.status == "ready" else None
     poolers = [PoolerInfo(name=name, options={k: t.__name__ for k, t in cls.options.items()},
                           multi_vector=cls.multi_vector if isinstance(cls.multi_vector, bool) else None,
                           learned="weights" in cls.options, all_layers=cls.needs_layers)
                for name, cls in sorted(REGISTRY.items())]
+    models = [_model_info(e) for e in engines]
+    top = models[0]
     return Info(
-        status=engine.status,
+        status=engines.status,
         version=version(),
-        model=emb.model_id if emb else s.model,
-        dim=emb.dim if emb else None,
-        max_length=emb.encoder.max_length if emb else None,
-        precision=emb.encoder.precision if emb else s.precision,
+        model=top.model,
+        dim=top.dim,
+        max_length=top.max_length,
+        precision=top.precision,
         precision_requested=s.precision,
-        precision_reason=emb.encoder.precision_reason if emb else None,
+        precision_reason=top.precision_reason,
         cpu=_cpu(),
         default_pooler=engine.default_pooler,
+        models=models,
         poolers=poolers,
         collections=collections.names(),
         limits={"max_client_batch": s.max_client_batch, "max_input_chars": s.max_input_chars,
@@ -67,6 +76,16 @@ def info(engine: Engine = Depends(get_engine), collections: Collections = Depend
                 "max_batch_tokens": s.max_batch_tokens, "max_request_tokens": s.max_request_tokens,
                 "max_request_vectors": s.max_request_vectors},
     )
+
+
+def _model_info(engine: Engine) -> ModelInfo:
+    emb = engine.embedder if engine.status == "ready" else None
+    s = engine.settings
+    return ModelInfo(name=engine.name, status=engine.status, model=emb.model_id if emb else s.model,
+                     dim=emb.dim if emb else None, max_length=emb.encoder.max_length if emb else None,
+                     precision=emb.encoder.precision if emb else s.precision,
+                     precision_reason=emb.encoder.precision_reason if emb else None,
+                     default_pooler=engine.default_pooler, error=engine.error)
 
 
 def _cpu() -> str:

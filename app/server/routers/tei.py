@@ -37,11 +37,10 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import TEI_PREFIX, EmptyInput, Invalid, NotReady
-from embedpool.app.server.responses import JSON
-from embedpool.app.server.routers import health, openai, rerank, tokenize
+from embedpool.app.server.errors import TEI_PREFIX
 from embedpool.app.server.output import sparse_vectors
-from embedpool.app.server.routers.embed import embed_with
+from embedpool.app.server.responses import JSON, ranks
+from embedpool.app.server.routers import health, openai, tokenize
 from embedpool.app.server.schemas import (
     OpenAIEmbeddingResponse,
     Rank,
@@ -55,7 +54,9 @@ from embedpool.app.server.schemas import (
     TEIRerankRequest,
     TEITokenizeRequest,
 )
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engine
+from embedpool.poolers import EmbedOptions
+from embedpool.errors import InvalidError, UnavailableError
 
 #: TEI's ``--auto-truncate`` default: an unset ``truncate`` cuts inputs at the model's window
 AUTO_TRUNCATE = True
@@ -83,7 +84,7 @@ def _texts(inputs: str | list[str], field: str = "inputs") -> list[str]:
     if isinstance(inputs, str):
         return [inputs]
     if not inputs:
-        raise EmptyInput(f"`{field}` cannot be empty", param=field)
+        raise InvalidError(f"`{field}` cannot be empty", param=field, code="empty")
     return inputs
 
 
@@ -91,14 +92,19 @@ def _truncate(truncate: bool | None) -> bool:
     return AUTO_TRUNCATE if truncate is None else truncate
 
 
+def _options(body: TEIEmbedAllRequest | TEIEmbedSparseRequest) -> EmbedOptions:
+    """The options of TEI's token-level and sparse embeddings (raw vectors are not theirs to ask)."""
+    return EmbedOptions(truncate=_truncate(body.truncate), prompt_name=body.prompt_name,
+                        truncation_direction=body.truncation_direction)
+
+
 async def _embed(body: TEIEmbedRequest, request: Request, engine: Engine) -> list:
     if body.dimensions == 0:
-        raise Invalid("`dimensions` should be positive", param="dimensions")
-    spec, out = await embed_with(
-        engine, request, _texts(body.inputs), body.pooler, multi=False,
-        alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input",
-        normalize=body.normalize, dimensions=body.dimensions, truncate=_truncate(body.truncate),
-        prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
+        raise InvalidError("`dimensions` should be positive", param="dimensions")
+    options = EmbedOptions(normalize=body.normalize, dimensions=body.dimensions, truncate=_truncate(body.truncate),
+                           prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
+    spec, out = await engine.embed_pooled(request, _texts(body.inputs), body.pooler, options, multi=False,
+                                          alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input")
     return out.vectors[spec]
 
 
@@ -122,10 +128,9 @@ async def embed(body: TEIEmbedRequest, request: Request, engine: Engine = Depend
 async def embed_all(body: TEIEmbedAllRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
     """TEI's `/embed_all`: each input's token vectors (specials included), from embedpool's `tokens`
     pooler (L2-normalized). Extension: `pooler`, any multi-vector one (`cluster:pool_factor=2`, ...)."""
-    spec, out = await embed_with(
-        engine, request, _texts(body.inputs), body.pooler or TOKENS_POOLER, multi=True,
-        alternative=f"use POST {TEI_PREFIX}/embed for one vector per input", truncate=_truncate(body.truncate),
-        prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
+    spec, out = await engine.embed_pooled(request, _texts(body.inputs), body.pooler or TOKENS_POOLER,
+                                          _options(body), multi=True,
+                                          alternative=f"use POST {TEI_PREFIX}/embed for one vector per input")
     return JSON(out.vectors[spec])
 
 
@@ -134,12 +139,11 @@ async def embed_all(body: TEIEmbedAllRequest, request: Request, engine: Engine =
 async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
     """TEI's `/embed_sparse`: each input's non-zero SPLADE weights as `{index, value}`, from embedpool's
     `splade` pooler (a 422 for a model without an MLM head). Extension: `pooler`, a sparse one."""
-    spec, out = await embed_with(
-        engine, request, _texts(body.inputs), body.pooler or SPARSE_POOLER, multi=False,
-        alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input", truncate=_truncate(body.truncate),
-        prompt_name=body.prompt_name, truncation_direction=body.truncation_direction)
+    spec, out = await engine.embed_pooled(request, _texts(body.inputs), body.pooler or SPARSE_POOLER,
+                                          _options(body), multi=False,
+                                          alternative=f"use POST {TEI_PREFIX}/embed_all for several vectors per input")
     if not engine.embedder.pooler(spec).sparse:
-        raise Invalid(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
+        raise InvalidError(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
     return JSON([[{"index": i, "value": v} for i, v in zip(row["indices"], row["values"])]
                  for row in sparse_vectors(out.vectors[spec], "float32", "float")])
 
@@ -149,9 +153,9 @@ async def rerank_texts(body: TEIRerankRequest, request: Request, engine: Engine 
     """TEI's `/rerank`, scored as `POST /rerank` (MaxSim with the default `tokens` pooler; extension:
     `pooler`). As TEI's current default, an unset `truncate` cuts inputs at the model's window."""
     texts = _texts(body.texts, "texts")
-    ranking = await rerank.rank(engine, request, body.query, texts, body.pooler, truncate=_truncate(body.truncate),
-                                truncation_direction=body.truncation_direction, raw_scores=body.raw_scores)
-    return JSON(rerank.ranks(ranking, texts, body.return_text))
+    options = EmbedOptions(truncate=_truncate(body.truncate), truncation_direction=body.truncation_direction)
+    ranking = await engine.rank(request, body.query, texts, body.pooler, options, raw_scores=body.raw_scores)
+    return JSON(ranks(ranking, texts, body.return_text))
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=_errors(400, 413, 422),
@@ -172,7 +176,7 @@ async def info(engine: Engine = Depends(get_engine)) -> JSON:
     precision = emb.encoder.precision
     dtype = "bfloat16" if "bf16" in precision else "int8" if "int8" in precision else "float32"
     return JSON({
-        "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": emb.model_id,
+        "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": engine.name,
         "model_type": {"embedding": {"pooling": engine.default_pooler}},
         "max_concurrent_requests": s.max_queue, "max_input_length": emb.encoder.max_length,
         "max_batch_tokens": s.max_batch_tokens, "max_batch_requests": None,
@@ -187,7 +191,7 @@ async def info(engine: Engine = Depends(get_engine)) -> JSON:
 async def health_check(engine: Engine = Depends(get_engine)) -> Response:
     """TEI's health: 200 with an empty body once the model is ready, else 503 `Unhealthy` (no API key needed)."""
     if engine.status != "ready":
-        raise NotReady("unhealthy")
+        raise UnavailableError("unhealthy")
     return Response(status_code=200)
 
 

@@ -16,12 +16,12 @@ from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from embedpool.app.server.auth import require_api_key
-from embedpool.app.server.deps import get_engine
-from embedpool.app.server.errors import Invalid
+from embedpool.app.server.deps import get_engines
 from embedpool.app.server.limits import check_inputs, check_tokens
 from embedpool.app.server.responses import JSON
 from embedpool.app.server.schemas import SimpleToken, TokenizeRequest, TokenizeWindows
-from embedpool.app.server.state import Engine
+from embedpool.app.server.engine import Engine, Engines
+from embedpool.errors import InvalidError
 
 router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
 
@@ -30,7 +30,7 @@ router = APIRouter(tags=["tokenize"], dependencies=[Depends(require_api_key)])
              responses={413: {"description": "too many inputs, an input too long, or more tokens than "
                                     "max_request_tokens"},
                         422: {"description": "invalid field"}})
-async def tokenize(body: TokenizeRequest, engine: Engine = Depends(get_engine)) -> JSON:
+async def tokenize(body: TokenizeRequest, engines: Engines = Depends(get_engines)) -> JSON:
     """The tokens of each input, TEI's shape: `[[{id, text, special, start, stop}, ...], ...]`
     (`prompt_name` or `role` prepend the model's prompt; its tokens have null offsets). With
     `pooler`, an object: `tokens` as above, plus per input the `windows` that pooler encodes
@@ -38,7 +38,7 @@ async def tokenize(body: TokenizeRequest, engine: Engine = Depends(get_engine)) 
     characters of the input, landmark positions)."""
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     spec, plan, tokens, windows = await token_lists(
-        engine, texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name, role=body.role,
+        engines.pick(body.model), texts, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name, role=body.role,
         pooler=body.pooler, truncation_direction=body.truncation_direction)
     if plan is None:
         return JSON(tokens)
@@ -80,7 +80,7 @@ def _tokenize(encoder: Any, texts: list[str], settings: Any, plan: Any, *, add_s
         rows = encoder.windows(texts, plan, role, truncate=True, prompt_name=prompt_name,
                                truncation_direction=truncation_direction)
     except ValueError as exc:
-        raise Invalid(f"pooler: {exc}", param="pooler") from None
+        raise InvalidError(f"pooler: {exc}", param="pooler") from None
     windows = []
     for row, toks in zip(rows, tokens):
         pos = [i for i, t in enumerate(toks) if "_content" in t]  # content token k is toks[pos[k]]

@@ -1,0 +1,427 @@
+"""The server's engine: one model (loaded in the background) and the batcher in front of it,
+and the two cores every route calls -- embedding (:meth:`Engine.embed_pooled`,
+:meth:`Engine.embed_many`) and reranking (:meth:`Engine.rank`). Routers translate their request
+shapes into these calls and their answers back; they never call each other.
+
+The options of an embedding are one :class:`poolers.EmbedOptions`, built once by the route from
+its request and carried unchanged through the limits (:func:`app.server.limits.check_workload`,
+which measures the request with them) and the batcher to the worker that encodes it; every
+answer is one :class:`poolers.EmbedResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from embedpool import index
+from embedpool.app.batcher import Batcher, Job
+from embedpool.app.server.cache import VectorCache
+from embedpool.app.server.limits import check_inputs, check_workload
+from embedpool.app.server.metrics import Metrics
+from embedpool.app.settings import Settings
+from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
+from embedpool.poolers import EmbedOptions, EmbedResult
+
+if TYPE_CHECKING:
+    from embedpool.poolers import Embedder
+
+log = logging.getLogger("embedpool.server")
+
+#: Integer pooler options above this are refused over HTTP (e.g. attention:queries=10**6
+#: would allocate without bound).
+MAX_INT_OPTION = 4096
+#: Requests with at most this many characters are tokenized (their limits checked) on the event
+#: loop (~1 µs per character); larger ones in a worker thread.
+INLINE_CHECK_CHARS = 4096
+#: the pooler of a rerank that names none: token vectors, scored by MaxSim
+RERANK_POOLER = "tokens"
+#: document token rows scored per :func:`index.maxsim_scores` call (bounds the copy into one block)
+BLOCK_ROWS = 16384
+
+
+@dataclass(frozen=True)
+class EmbedPart:
+    """One embedding of a request: ``texts`` with every pooler of ``specs``, under ``options``.
+    ``names``: the request field each text came from (``["query"]``, ``["texts[3]", ...]``), when
+    the route wants an input over the model's window (``truncate: false``) named by it; else the
+    engine's own message (``input 3 has ... tokens``) answers."""
+
+    texts: list[str]
+    specs: list[str]
+    options: EmbedOptions
+    names: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Scores of the texts in request order, their order best first, and the usage (tokens)."""
+
+    scores: np.ndarray
+    order: np.ndarray
+    tokens: int
+
+
+class Engine:
+    """One served model: its embedder, loaded in a background thread, the batcher in front of it
+    (its own queue and limits) and its rerank cache. ``name``: what requests call it by
+    (``model``), ``settings.model`` its path or id."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | None = None,
+                 name: str | None = None) -> None:
+        self.name = name or (embedder.model_id if embedder is not None else settings.model or "default")
+        self.settings = settings
+        self.metrics = metrics
+        self.embedder = embedder
+        self.batcher: Batcher | None = None
+        self.error: str | None = None
+        self.load_seconds: float | None = None
+        self.loaded_at: int | None = None  # Unix time the model became ready (``created`` of /v1/models)
+        self._thread: threading.Thread | None = None
+        self._default_pooler: str | None = None
+        self.rerank_cache = VectorCache(settings.rerank_cache_mb * 2**20)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def status(self) -> str:
+        if self.batcher is not None:
+            return "ready"
+        return "failed" if self.error else "loading"
+
+    def start(self) -> None:
+        """Load the model (unless given) in a thread, warm it up, then start the batcher."""
+        if self.embedder is not None:
+            self._ready()
+            return
+        self._thread = threading.Thread(target=self._load, name="embedpool-load", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from embedpool.app.settings import load_embedder
+
+        t0 = time.perf_counter()
+        try:
+            embedder = load_embedder(self.settings)
+            embedder.embed(["warm up"], [self.settings.pooler])  # first call builds kernels
+        except BaseException as exc:  # noqa: BLE001 - reported by /health
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("model %s failed to load: %s", self.name, self.error)
+            return
+        self.embedder = embedder
+        self.load_seconds = time.perf_counter() - t0
+        self._ready()
+        log.info("model %s (%s) loaded in %.1fs", self.name, embedder.model_id, self.load_seconds)
+
+    def _ready(self) -> None:
+        s = self.settings
+        self.loaded_at = int(time.time())
+        self._default_pooler = self.embedder.canonical(s.pooler)
+        self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
+                               max_wait_ms=s.max_wait_ms, observer=self.metrics,
+                               before_round=thread_policy(s.single_thread_tokens)).start()
+        from embedpool.poolers.precision import cpu_features
+
+        encoder = self.embedder.encoder
+        self.metrics.on_loaded(encoder.precision, s.precision, cpu_features().isa)
+
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
+
+    def require(self) -> Embedder:
+        """The embedder, or 503 while it loads."""
+        if self.batcher is None:
+            if self.error:
+                raise UnavailableError(f"the model {self.name!r} failed to load: {self.error}")
+            raise UnavailableError(f"the model {self.name!r} is still loading; retry shortly (GET /health turns 200 "
+                                   "when ready)", retry_after=5)
+        return self.embedder
+
+    def names(self) -> list[str]:
+        """What a request may call this model: its name, its id and the id's aliases."""
+        from embedpool.poolers.encoder import model_aliases
+
+        if self.embedder is None:
+            return [self.name]
+        model_id = self.embedder.model_id
+        return list(dict.fromkeys([self.name, model_id, *model_aliases(model_id)]))
+
+    # ------------------------------------------------------------------ checks
+    @property
+    def default_pooler(self) -> str:
+        return self._default_pooler or self.settings.pooler
+
+    def pooler(self, spec: str | None, field: str = "pooler", *, trusted: bool = False) -> tuple[str, bool]:
+        """Validate ``spec`` (``None``: the server's default) -> (canonical spec, multi_vector).
+
+        ``trusted``: the spec comes from a collection's manifest, not from the request."""
+        from embedpool.poolers import parse_spec
+
+        embedder = self.require()
+        spec = spec or self.settings.pooler
+        try:
+            name, opts = parse_spec(spec)
+            if not trusted:
+                self._check_options(name, opts)
+            p = embedder.pooler(spec)
+        except (InvalidError, NotFoundError, OSError) as exc:  # a weights path: missing, unreadable
+            raise InvalidError(f"{field}: {exc}", param=field) from None
+        return p.spec, bool(p.multi_vector)
+
+    def _check_options(self, name: str, opts: dict[str, str]) -> None:
+        from embedpool.poolers import parse_spec
+
+        if "weights" in opts and not self.settings.allow_pooler_paths:
+            allowed = parse_spec(self.settings.pooler)[1].get("weights")
+            if opts["weights"] != allowed:
+                raise InvalidError("loading pooler weights from a path named in a request is disabled; "
+                                 "set the server's default pooler (EMBEDPOOL_POOLER) to that head, or "
+                                 "start it with EMBEDPOOL_ALLOW_POOLER_PATHS=true")
+        for key, raw in opts.items():
+            try:
+                value = float(raw)
+            except ValueError:
+                continue
+            if not math.isfinite(value) or abs(value) > MAX_INT_OPTION:
+                raise InvalidError(f"pooler {name!r}: option {key}={raw} is out of range "
+                                 f"(use a finite value of at most {MAX_INT_OPTION})")
+
+    def check_dimensions(self, dimensions: int | None, field: str = "dimensions") -> None:
+        try:
+            self.require().check_dimensions(dimensions)
+        except InvalidError as exc:
+            raise InvalidError(f"{field}: {exc}", param=field) from None
+
+    def check_prompt(self, prompt_name: str | None, field: str = "prompt_name") -> None:
+        """422 unless the model has a prompt of that name (``None``: nothing to check)."""
+        if prompt_name is None:
+            return
+        try:
+            self.require().encoder.prompt_for(None, prompt_name)
+        except ValueError as exc:
+            raise InvalidError(str(exc) if str(exc).startswith(field) else f"{field}: {exc}", param=field) from None
+
+    # ------------------------------------------------------------------ embedding
+    async def embed_pooled(self, request: Request | None, texts: list[str], pooler: str | None,
+                           options: EmbedOptions, *, multi: bool, alternative: str,
+                           field: str = "inputs") -> tuple[str, EmbedResult]:
+        """``(canonical spec, result)`` of ``texts`` embedded with one pooler, which must be
+        multi-vector or not as ``multi`` says (a 422 naming ``alternative``, the route that takes
+        the other kind, if not): the checks and the embedding of ``/v1/embeddings`` and TEI's
+        embedding routes."""
+        check_inputs(texts, self.settings, field)
+        spec, is_multi = self.pooler(pooler)
+        if is_multi and not multi:
+            raise InvalidError(f"pooler: {spec!r} gives several vectors per input, which this route's answer "
+                               f"cannot carry; {alternative}", param="pooler")
+        if multi and not is_multi:
+            raise InvalidError(f"pooler: {spec!r} gives one vector per input, and this route answers a list of "
+                               f"vectors per input: send a multi-vector pooler (tokens, cluster), or {alternative}",
+                               param="pooler")
+        self.check_dimensions(options.dimensions)
+        self.check_prompt(options.prompt_name)
+        return spec, await self.embed(request, texts, [spec], options, field=field)
+
+    async def embed(self, request: Request | None, texts: list[str], specs: list[str],
+                    options: EmbedOptions, field: str = "inputs") -> EmbedResult:
+        """``texts`` embedded with every pooler of ``specs`` through the batcher; if the client
+        disconnects first, its work is dropped (499). ``field`` names the request field in a
+        413 of the work limits (see :meth:`embed_many`)."""
+        return (await self.embed_many(request, [EmbedPart(texts, specs, options)], field=field))[0]
+
+    async def embed_many(self, request: Request | None, parts: list[EmbedPart],
+                         field: str = "inputs") -> list[EmbedResult]:
+        """Several embeddings of one request, queued together so they share a batcher round
+        (see :meth:`Batcher.submit_many`); all or none.
+
+        The request's work limits (all parts together) are checked first, on its tokenization:
+        413 before anything is queued or encoded (a large request tokenizes in a worker thread,
+        not to stall the event loop). That tokenization is what the batcher's worker encodes,
+        so a request is tokenized once, off the thread that runs the model."""
+        embedder = self.require()
+        assert self.batcher is not None
+        # a few sentences tokenize in well under a millisecond: not worth a thread hop
+        small = sum(len(t) for part in parts for t in part.texts) <= INLINE_CHECK_CHARS
+        if small:
+            works = check_workload(embedder, parts, self.settings, field=field)
+        else:
+            works = await run_in_threadpool(check_workload, embedder, parts, self.settings, field=field)
+        jobs = self.batcher.submit_many([(p.texts, p.specs, p.options, w) for p, w in zip(parts, works)])
+        results = [asyncio.wrap_future(job.future) for job in jobs]
+        gathered = asyncio.ensure_future(asyncio.gather(*results))
+        if request is None:
+            return list(await gathered)
+        watcher = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._cancel(jobs)
+            raise
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+        if gathered in done:
+            if gathered.exception() is not None:
+                self._cancel(jobs)
+            return list(gathered.result())
+        self._cancel(jobs)
+        gathered.cancel()
+        raise InvalidError("the client closed the connection; its work was dropped", code="client_closed")
+
+    def _cancel(self, jobs: list[Job]) -> None:
+        assert self.batcher is not None
+        for job in jobs:
+            self.batcher.cancel(job)
+
+    # ------------------------------------------------------------------ rerank
+    async def rank(self, request: Request | None, query: str, texts: list[str], pooler: str | None,
+                   options: EmbedOptions, *, raw_scores: bool, field: str = "texts") -> Ranking:
+        """Score ``texts`` against ``query``: the one path of POST /rerank, /v1/rerank and TEI's
+        /tei/rerank (limits, pooler, the cache, one batcher round). ``options``: the route's
+        (truncation); the query is embedded in the query role, the texts as documents, both
+        normalized at full size. A multi-vector pooler (default ``tokens``) scores each text by
+        exact MaxSim (:func:`index.maxsim_scores`), a single-vector one by cosine. ``field``
+        names the texts in errors."""
+        check_inputs([query], self.settings, "query")
+        check_inputs(texts, self.settings, field)
+        spec, multi = self.pooler(pooler or RERANK_POOLER)
+        base = dataclasses.replace(options, normalize=True, dimensions=None, prompt_name=None)
+        q_opts = dataclasses.replace(base, role="query")
+        d_opts = dataclasses.replace(base, role="document")
+        key = (spec, d_opts)
+        docs = self.rerank_cache.get_many(key, texts)
+        missing = list(dict.fromkeys(t for t, v in zip(texts, docs) if v is None))
+        first = {t: i for i, t in reversed(list(enumerate(texts)))}
+        q_out, d_out = await self.embed_many(request, [
+            EmbedPart([query], [spec], q_opts, names=["query"]),
+            EmbedPart(missing, [spec], d_opts, names=[f"{field}[{first[t]}]" for t in missing]),
+        ], field=field)
+        fresh = dict(zip(missing, d_out.vectors.get(spec, [])))
+        self.rerank_cache.put_many(key, missing, [fresh[t] for t in missing])
+        vectors = [v if v is not None else fresh[t] for t, v in zip(texts, docs)]
+        scores = await run_in_threadpool(_scores, q_out.vectors[spec][0], vectors, multi, raw_scores)
+        return Ranking(scores, np.argsort(-scores, kind="stable"), q_out.usage + d_out.usage)
+
+
+class Engines:
+    """The models a server holds, by name, in the order given; the first is the default.
+
+    A request picks one by ``model`` (its name, its id or an alias of the id); none named: the
+    default. Each engine has its own encoder, batcher (queue) and rerank cache."""
+
+    def __init__(self, engines: list[Engine]) -> None:
+        if not engines:
+            raise InvalidError("serve at least one model (--model)", param="--model")
+        self._engines = {e.name: e for e in engines}
+        self.default = engines[0]
+
+    def __iter__(self):
+        return iter(self._engines.values())
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    @property
+    def status(self) -> str:
+        """``ready`` when every model is, ``failed`` when one failed, else ``loading``."""
+        states = {e.status for e in self}
+        return "ready" if states == {"ready"} else "failed" if "failed" in states else "loading"
+
+    def start(self) -> None:
+        for e in self:
+            e.start()
+
+    def stop(self) -> None:
+        for e in self:
+            e.stop()
+
+    def pick(self, model: str | None, *, lenient: bool = False) -> Engine:
+        """The engine ``model`` names (``None``: the default). An unknown name is a 404 naming the
+        served ones -- except, with ``lenient`` (the OpenAI and Cohere routes, whose clients must
+        send some model name), on a server of one model, which answers every name as it always did."""
+        if model is None:
+            return self.default
+        if model in self._engines:
+            return self._engines[model]
+        for e in self:
+            if model in e.names():
+                return e
+        if lenient and len(self) == 1:
+            return self.default
+        served = ", ".join(repr(n) for n in self._engines)
+        raise NotFoundError(f"model {model!r} is not served here; this server serves {served} (GET /v1/models "
+                            "lists them with their other names)", param="model")
+
+    def for_collection(self, collection: str, model_id: str | None) -> Engine:
+        """The engine of the model a collection's vectors were made with (``model_id``, from its
+        manifest; ``None``: the default): it embeds every write and query of that collection."""
+        if not model_id:
+            return self.default
+        for e in self:
+            e.require()
+            if e.embedder.model_id == model_id:
+                return e
+        served = ", ".join(repr(e.embedder.model_id) for e in self)
+        raise ConflictError(f"collection {collection!r} holds vectors of model {model_id!r}, but this server runs "
+                            f"{served}; serve that model too (--model NAME={model_id}) or use another collection",
+                            param="model")
+
+
+def _scores(query: np.ndarray, docs: list[np.ndarray], multi: bool, raw: bool) -> np.ndarray:
+    if not multi:
+        return np.stack(docs) @ query
+    out = np.empty(len(docs), dtype=np.float32)
+    start = 0
+    while start < len(docs):  # blocks of documents, so the token rows are copied a block at a time
+        end, rows = start, 0
+        while end < len(docs) and (end == start or rows + len(docs[end]) <= BLOCK_ROWS):
+            rows += len(docs[end])
+            end += 1
+        block = docs[start:end]
+        offsets = np.zeros(len(block) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in block], out=offsets[1:])
+        out[start:end] = index.maxsim_scores([query], np.concatenate(block), offsets)[0]
+        start = end
+    return out if raw else out / len(query)
+
+
+def thread_policy(single_thread_tokens: int):
+    """``f(tokens)`` for the batcher's worker: rounds under ``single_thread_tokens`` (estimated)
+    run torch on one thread, larger ones on all of them. A one-sentence forward is a chain of
+    tiny matrix products that a second thread barely speeds up, while every one of them waits
+    for that thread; on a busy machine it is often descheduled, and the forward gets slower.
+    ``None`` (no policy) when the setting is 0 or torch has one thread anyway."""
+    if single_thread_tokens <= 0:
+        return None
+    import torch
+
+    full = torch.get_num_threads()
+    if full <= 1:
+        return None
+    current = [full]
+
+    def before_round(tokens: int) -> None:
+        n = 1 if tokens < single_thread_tokens else full
+        if n != current[0]:  # per thread in OpenMP: this runs in the worker that encodes
+            torch.set_num_threads(n)
+            current[0] = n
+
+    return before_round
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body has been read by then)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
