@@ -66,6 +66,47 @@ def rss_mb() -> float:
     return 0.0
 
 
+def rss_parts(pid: int | str = "self") -> dict[str, float]:
+    """What the process holds: its anonymous memory (its own) and its resident file pages
+    (mapped page cache: segment codes, libraries), MB."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("RssAnon", "RssFile")):
+            out[line.split(":")[0]] = round(int(line.split()[1]) / 1024, 1)
+    return {"anon_mb": out.get("RssAnon", 0.0), "file_mb": out.get("RssFile", 0.0)}
+
+
+def page_cache_mb(folder: Path) -> dict[str, float]:
+    """What the page cache holds of a collection's files (``mincore`` over a fresh mapping,
+    which faults nothing in), MB, with the files' total size."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    cached = total = 0
+    for f in Path(folder).iterdir():
+        size = f.stat().st_size if f.is_file() else 0
+        total += size
+        if not size:
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr in (None, ctypes.c_void_p(-1).value):
+                continue
+            vec = np.zeros((size + page - 1) // page, np.uint8)
+            if libc.mincore(addr, size, vec.ctypes.data) == 0:
+                cached += int((vec & 1).sum()) * page
+            libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return {"page_cache_mb": round(cached / 2**20, 1), "files_mb": round(total / 2**20, 1)}
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -213,14 +254,15 @@ def measure(args) -> int:
     _, queries, q_mean, _, _ = load_sources()
     import faiss  # noqa: F401  (imported before the baseline: part of any process that opens one)
 
-    base = rss_mb()
+    base, base_parts = rss_mb(), rss_parts()
     t = time.perf_counter()
     coll = open_collection(args.data, args.name, None, backend="faiss")
     open_s = time.perf_counter() - t
     after_open = rss_mb()
     out = {"layout": args.layout, "name": args.name, "docs": len(coll), "open_s": round(open_s, 3),
            "baseline_rss_mb": round(base, 1), "rss_after_open_mb": round(after_open, 1),
-           "open_rss_growth_mb": round(after_open - base, 1)}
+           "open_rss_growth_mb": round(after_open - base, 1), "baseline_parts": base_parts,
+           "after_open_parts": rss_parts()}
     nq = len(queries)
     lat = []
     for rep in range(2):  # the first pass warms the page cache of the candidates' pages
@@ -234,8 +276,9 @@ def measure(args) -> int:
             if rep:
                 lat.append((time.perf_counter() - t) * 1000)
             assert hits[0]
-    out.update(p50_ms=round(pct(lat, 50), 2), p99_ms=round(pct(lat, 99), 2), queries=nq,
-               rss_after_search_mb=round(rss_mb(), 1))
+    out.update(p50_ms=round(pct(lat, 50), 2), p99_ms=round(pct(lat, 99), 2), queries=nq, searches=2 * nq,
+               rss_after_search_mb=round(rss_mb(), 1), after_search_parts=rss_parts(),
+               collection_files=page_cache_mb(Path(args.data) / args.name))
     if args.layout == "single":  # the factory's recall@100 against exact search, same vectors
         got = [{h.id for h in r} for r in coll.search(q_mean, k=100)]
         want = exact_top(corpus(), out["docs"], q_mean, 100)
@@ -333,9 +376,11 @@ def http(args) -> int:
                     if rep:
                         lat.append((time.perf_counter() - t0) * 1000)
             rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+            parts = rss_parts(proc.pid)
         out = {"name": args.name, "http_p50_ms": round(pct(lat, 50), 2), "http_p99_ms": round(pct(lat, 99), 2),
                "queries": len(lat), "server_rss_ready_mb": round(rss_ready, 1),
-               "server_rss_after_search_mb": round(rss, 1)}
+               "server_rss_after_search_mb": round(rss, 1), "server_after_search_parts": parts,
+               "collection_files": page_cache_mb(Path(args.data) / args.name)}
     finally:
         proc.terminate()
         proc.wait(30)
@@ -402,7 +447,8 @@ def run(args) -> int:
 
 def table(res: dict) -> str:
     lines = ["| docs | layout | build s/100k first / last | build peak RSS MB | open s | RSS after open (over baseline) MB "
-             "| p50 / p99 ms | recall@100 |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| p50 / p99 ms | recall@100 | RSS after 600 searches MB: anon + file | page cache: collection files MB |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for st in res["steps"]:
         for layout in ("multi", "single"):
             b, m = st.get(f"build_{layout}"), st.get(f"measure_{layout}")
@@ -412,12 +458,26 @@ def table(res: dict) -> str:
             speed = f"{marks[0]['s']:.1f} / {marks[-1]['s']:.1f}" if marks else "-"
             lines.append(f"| {st['docs']:,} | {layout} | {speed} | {b['peak_rss_mb']:,.0f} | {m['open_s']:.2f} | "
                          f"{m['rss_after_open_mb']:,.0f} (+{m['open_rss_growth_mb']:,.0f}) | "
-                         f"{m['p50_ms']:.1f} / {m['p99_ms']:.1f} | {m.get('recall_at_100', '-')} |")
+                         f"{m['p50_ms']:.1f} / {m['p99_ms']:.1f} | {m.get('recall_at_100', '-')} | {_held(m)} |")
         if "http" in st:
             h = st["http"]
-            lines.append(f"| {st['docs']:,} | multi, HTTP | | | | server {h['server_rss_after_search_mb']:,.0f} | "
-                         f"{h['http_p50_ms']:.1f} / {h['http_p99_ms']:.1f} | |")
+            parts = h.get("server_after_search_parts")
+            held = f"{h['server_rss_after_search_mb']:,.0f}" + (
+                f" ({parts['anon_mb']:,.0f} + {parts['file_mb']:,.0f})" if parts else "")
+            cache = h.get("collection_files")
+            lines.append(f"| {st['docs']:,} | multi, HTTP | | | | server at ready {h['server_rss_ready_mb']:,.0f} | "
+                         f"{h['http_p50_ms']:.1f} / {h['http_p99_ms']:.1f} | | server {held} | "
+                         + (f"{cache['page_cache_mb']:,.0f} of {cache['files_mb']:,.0f} |" if cache else "|"))
     return "\n".join(lines)
+
+
+def _held(m: dict) -> str:
+    """'RSS after searches (anon + file) | page cache of the collection's files' cells."""
+    p, c = m.get("after_search_parts"), m.get("collection_files")
+    if not p:
+        return f"{m['rss_after_search_mb']:,.0f} | "
+    return (f"{m['rss_after_search_mb']:,.0f} ({p['anon_mb']:,.0f} + {p['file_mb']:,.0f}) | "
+            f"{c['page_cache_mb']:,.0f} of {c['files_mb']:,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,7 +171,7 @@ class FaissCollection(CollectionBase):
                 gen = self._db.get_meta("generation", 0)
                 next_int = self._db.get_meta("next_int_id", 0)
                 state = self._state()
-                live = self._db.all_int_ids()
+                live = self._live_ids(state)
             needed = self._store_cls.required_files(state)
             try:
                 missing = [f for f in needed if not (self.folder / f).is_file()]
@@ -194,6 +194,15 @@ class FaissCollection(CollectionBase):
         self._vec = vec
         self._gen = int(gen)
         self._next_int_id = int(next_int)
+
+    def _live_ids(self, state: StoreState) -> np.ndarray | None:
+        """The live internal ids, or ``None`` when the document store's count equals the documents
+        the segments hold (no tombstones: every one of them is live) -- a multi-vector
+        collection then opens without reading a million ids out of SQLite one row at a time."""
+        if state.segments and self._store_cls.accepts_all_live and \
+                self._db.count() == sum(int(n) for _, n, _ in state.segments):
+            return None
+        return self._db.all_int_ids()
 
     def refresh(self) -> bool:
         """Reload if another writer committed since this object loaded the collection.
@@ -509,9 +518,8 @@ class FaissCollection(CollectionBase):
             self._check_open()
             ids = self._matching(flt)
             if ids is not None:  # MaxSim against the matching documents only
-                return self._hits([topk(*self._vec.rerank(q, ids), k) for q in qs])
-            scores, ids = self._vec.exhaustive(qs)
-            return self._hits([topk(s, ids, k) for s in scores])
+                return self._hits([topk(*self._vec.rerank_topk(q, ids, k), k) for q in qs])
+            return self._hits([topk(s, i, k) for s, i in self._vec.exhaustive_topk(qs, k)])
 
     def _search_tokens(self, qs: list[np.ndarray], k: int, k_token: int,
                        flt: Node | None = None) -> list[list[Hit]]:
@@ -522,14 +530,14 @@ class FaissCollection(CollectionBase):
             cands = self._vec.token_candidates(qs, k_token, ids)
             if ids is not None:  # the token ANN may reach fewer than k matching documents
                 cands = [ids if len(c) < min(k, len(ids)) else c for c in cands]
-            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+            return self._hits([topk(*self._vec.rerank_topk(q, c, k), k) for q, c in zip(qs, cands)])
 
     def _search_companion(self, qs: list[np.ndarray], cq: np.ndarray, candidates: int,
                           k: int, flt: Node | None = None) -> list[list[Hit]]:
         with self._rw.read():
             self._check_open()
             cands = self._vec.companion_candidates(cq, candidates, self._matching(flt))
-            return self._hits([topk(*self._vec.rerank(q, c), k) for q, c in zip(qs, cands)])
+            return self._hits([topk(*self._vec.rerank_topk(q, c, k), k) for q, c in zip(qs, cands)])
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
                 flt: Node | None = None) -> list[list[Hit]]:
@@ -542,7 +550,7 @@ class FaissCollection(CollectionBase):
                 cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
                 if ids is not None:
                     cand = cand[np.isin(cand, ids)]
-                out.append(topk(*self._vec.rerank(q, cand), k))
+                out.append(topk(*self._vec.rerank_topk(q, cand, k), k))
             return self._hits(out)
 
     def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:

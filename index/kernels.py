@@ -149,6 +149,50 @@ def resolve(kernel: str, precision: str) -> str:
     return kernel
 
 
+SCANS: dict[str, str] = {
+    "int8": "int8 scan with a proven error bound (oneDNN int8 through torch), then exact scores of the "
+            "documents it cannot rule out (index/int8scan.py)",
+    "exact": "the exact kernel on every document (portable)",
+}
+
+
+def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True) -> tuple[str, str]:
+    """``(scan, reason)`` of exact top-k MaxSim (:func:`index.int8scan.maxsim_topk`) for codes of
+    ``precision`` on a CPU with ``flags``.
+
+    Args:
+        precision: the stored codes' precision.
+        flags: the CPU's feature flags (``/proc/cpuinfo``).
+        torch_int8: whether torch is installed and its int8 matmul is exact on this CPU
+            (:func:`index.int8scan.int8_matmul_is_exact`).
+    """
+    units = int8_units(flags)
+    if precision != "int8":
+        return "exact", f"{precision} codes: no int8 products to run (the exact kernel on every document)"
+    if units is None:
+        return "exact", ("no VNNI/AMX: int8 products run at the float32 FMA rate (vpmaddwd), the scan would not "
+                         "pay for its second pass (the exact kernel on every document)")
+    if not torch_int8:
+        return "exact", f"{units}, but torch's int8 matmul is missing or not exact here (the exact kernel)"
+    return "int8", (f"{units}: int8 dot products at 4x the float32 FMA rate; the int8 scan bounds every score, "
+                    "then the documents it cannot rule out are scored exactly (bench/maxsim.py)")
+
+
+def resolve_scan(scan: str, precision: str) -> str:
+    """The scan :func:`index.int8scan.maxsim_topk` runs for ``scan`` (``auto``, ``int8``, ``exact``)."""
+    if scan == "auto":
+        from .int8scan import int8_matmul_is_exact
+
+        flags = cpu_features()[0]
+        torch_ok = precision == "int8" and int8_units(flags) is not None and int8_matmul_is_exact()
+        return choose_scan(precision, flags, torch_ok)[0]
+    if scan not in SCANS:
+        raise InvalidError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}", param="scan")
+    if scan == "int8" and precision != "int8":
+        raise InvalidError(f"the int8 MaxSim scan reads int8 codes, not {precision}", param="scan")
+    return scan
+
+
 # ---------------------------------------------------------------------------- threads and buffers
 _local = threading.local()
 _pool_lock = threading.Lock()

@@ -131,13 +131,8 @@ def maxsim_scores(
     Returns:
         ``float32 [q, n_docs]`` (``[q, len(doc_idx)]`` with ``doc_idx``).
     """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if doc_idx is None:
-        starts, lens = offsets[:-1], np.diff(offsets)
-    else:
-        doc_idx = np.asarray(doc_idx, dtype=np.int64)
-        starts, lens = offsets[doc_idx], offsets[doc_idx + 1] - offsets[doc_idx]
-    n_docs = len(starts)
+    rows = DocRows(offsets, doc_idx)
+    n_docs = len(rows)
     name = kernel if callable(kernel) else kernels.resolve(kernel, np.dtype(vectors.dtype).name)
     if not len(queries):
         return np.zeros((0, n_docs), dtype=np.float32)
@@ -146,24 +141,14 @@ def maxsim_scores(
     if n_docs == 0:
         return out
     prep = name(q_all, vectors.dtype) if callable(name) else kernels.prepare(name, q_all, vectors.dtype)
-    dim = q_all.shape[1]
-    local = np.zeros(n_docs + 1, dtype=np.int64)  # token offsets of the scored docs, end to end
-    np.cumsum(lens, out=local[1:])
+    local = rows.local  # token offsets of the scored docs, end to end
     # chunks within the working-set bound, and at least one per worker where there are enough tokens
     per_worker = -(-int(local[-1]) // prep.n_workers)
     spans = _chunks(local, max(1, min(chunk_bytes // prep.bytes_per_token, per_worker)))
 
     def score_span(span: tuple[int, int]) -> None:
         a, b = span
-        if doc_idx is None:
-            t0, t1 = int(offsets[a]), int(offsets[b])
-            block = vectors[t0:t1]
-            sc = None if scales is None else scales[t0:t1]
-        else:  # gather the rows of docs a..b-1 into a reused buffer
-            n_tok = int(local[b] - local[a])
-            tok = np.repeat(starts[a:b] - (local[a:b] - local[a]), lens[a:b]) + np.arange(n_tok)
-            block = np.take(vectors, tok, axis=0, out=kernels.scratch("gather", (n_tok, dim), vectors.dtype))
-            sc = None if scales is None else scales[tok]
+        block, sc = rows.block(vectors, scales, a, b, "gather")
         if sc is not None:
             sc = np.asarray(sc, dtype=np.float32)
         sim = prep.score(block, sc)
@@ -178,6 +163,37 @@ def maxsim_scores(
 
     kernels.run_parallel(score_span, spans, prep.n_workers)
     return out
+
+
+class DocRows:
+    """The token rows of the documents a scan reads: all of them, or the documents ``doc_idx``
+    (in that order), with their token offsets end to end (``local``)."""
+
+    def __init__(self, offsets: np.ndarray, doc_idx: np.ndarray | None = None) -> None:
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.doc_idx = None if doc_idx is None else np.asarray(doc_idx, dtype=np.int64)
+        if self.doc_idx is None:
+            self.starts, self.lens = self.offsets[:-1], np.diff(self.offsets)
+        else:
+            self.starts = self.offsets[self.doc_idx]
+            self.lens = self.offsets[self.doc_idx + 1] - self.starts
+        self.local = np.zeros(len(self.starts) + 1, dtype=np.int64)
+        np.cumsum(self.lens, out=self.local[1:])
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def block(self, vectors: np.ndarray, scales: np.ndarray | None, a: int, b: int,
+              buffer: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(codes, scales)`` of documents ``a..b-1``: a view of a full scan's rows, or the
+        candidates' rows gathered (into the reused per-thread buffer ``buffer`` if given)."""
+        if self.doc_idx is None:
+            t0, t1 = int(self.offsets[a]), int(self.offsets[b])
+            return vectors[t0:t1], None if scales is None else scales[t0:t1]
+        n_tok = int(self.local[b] - self.local[a])
+        tok = np.repeat(self.starts[a:b] - (self.local[a:b] - self.local[a]), self.lens[a:b]) + np.arange(n_tok)
+        out = None if buffer is None else kernels.scratch(buffer, (n_tok, vectors.shape[1]), vectors.dtype)
+        return np.take(vectors, tok, axis=0, out=out), None if scales is None else scales[tok]
 
 
 def _chunks(local: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:

@@ -28,7 +28,8 @@ import numpy as np
 from .durable import fsync_dir, fsync_path, write_durable
 from embedpool.errors import InternalError, InvalidError
 from .companion import CompanionRows, row_ids
-from .maxsim import bytes_per_vector, dequantize, gather_docs, maxsim_scores, quantize
+from .int8scan import doc_norms, maxsim_topk
+from .maxsim import bytes_per_vector, dequantize, gather_docs, quantize
 from .single import id_selector, min_training_vectors
 from .spec import CollectionSpec, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
@@ -142,6 +143,7 @@ class Segment:
     _g_ids: _Grow | None = field(default=None, repr=False)
     _g_live: _Grow | None = field(default=None, repr=False)
     _g_comp: _Grow | None = field(default=None, repr=False)
+    _norms: np.ndarray | None = field(default=None, repr=False)  # doc_norms(), once computed
 
     @property
     def n_docs(self) -> int:
@@ -221,7 +223,8 @@ class Segment:
         segment it is filling, however large the collection grows. The other arrays (a few
         bytes per document or token) become compact copies."""
         if self.written_to is not None:
-            self.codes = np.load(self.written_to / seg_files(self.seg_id)[0], mmap_mode="r")
+            self.codes = _advise(np.load(self.written_to / seg_files(self.seg_id)[0], mmap_mode="r"),
+                                 mmap.MADV_RANDOM)
         else:
             self.codes = self.codes.copy()
         self.scales = None if self.scales is None else self.scales.copy()
@@ -249,22 +252,49 @@ class Segment:
         self.written_to = folder
 
     @classmethod
-    def read(cls, folder: Path, seg_id: int, alive: np.ndarray) -> "Segment":
-        """The committed segment ``seg_id``; ``alive``: a bool per internal id (the live ones)."""
+    def read(cls, folder: Path, seg_id: int, alive: np.ndarray | None) -> "Segment":
+        """The committed segment ``seg_id``; ``alive``: a bool per internal id (the live ones), or
+        ``None``: all of its documents are."""
         vec_name, aux_name = seg_files(seg_id)
-        codes = np.load(folder / vec_name, mmap_mode="r")
+        codes = _advise(np.load(folder / vec_name, mmap_mode="r"), mmap.MADV_RANDOM)
+        # the per-token scales and the offsets are mapped, not read: a search reads its
+        # candidates' entries only; the ids and companion row counts are read (opening needs them)
+        mapped = npz_memmap(folder / aux_name, ("offsets", "scales"))
         with np.load(folder / aux_name) as z:
-            offsets = z["offsets"].astype(np.int64)
+            offsets = mapped["offsets"] if mapped.get("offsets", _F32).dtype == np.int64 else \
+                z["offsets"].astype(np.int64)
             doc_ids = z["doc_ids"].astype(np.int64)
-            scales = z["scales"].astype(np.float32) if "scales" in z.files else None
+            scales = mapped["scales"] if mapped.get("scales", _I64).dtype == np.float32 else \
+                (z["scales"].astype(np.float32) if "scales" in z.files else None)
             comp = z["companion_rows"].astype(np.int64) if "companion_rows" in z.files else None
         if int(offsets[-1]) != len(codes) or len(offsets) != len(doc_ids) + 1 or \
                 (comp is not None and len(comp) != len(doc_ids)):
             raise InternalError(f"segment {seg_id} files disagree on their size")
-        live = np.zeros(len(doc_ids), bool)
-        known = doc_ids < len(alive)
-        live[known] = alive[doc_ids[known]]
+        if alive is None:  # every document is live
+            live = np.ones(len(doc_ids), bool)
+        else:
+            live = np.zeros(len(doc_ids), bool)
+            known = doc_ids < len(alive)
+            live[known] = alive[doc_ids[known]]
         return cls(seg_id, codes, scales, offsets, doc_ids, live, comp)
+
+    def doc_norms(self) -> np.ndarray | None:
+        """Each document's largest token norm (:func:`index.int8scan.doc_norms`; int8 codes only),
+        computed on first use (one pass over the codes, whose pages are then dropped from this
+        process) and kept: 8 bytes per document."""
+        if self.scales is None:
+            return None
+        if self._norms is None or len(self._norms) != self.n_docs:
+            self._norms = doc_norms(self.codes, self.offsets, self.scales)
+            self.drop_pages()
+        return self._norms
+
+    def drop_pages(self) -> None:
+        """Drop the mapped pages of the codes, scales and offsets from this process (the page
+        cache keeps them)."""
+        for a in (self.codes, self.scales, self.offsets):
+            if a is not None:
+                _drop_pages(a)
 
     def dequantized(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """float32 tokens of the documents ``rows`` and their per-token document ids."""
@@ -272,17 +302,65 @@ class Segment:
         return dequantize(codes, scales), np.repeat(self.doc_ids[rows], np.diff(offs))
 
 
+_F32, _I64 = np.zeros(0, np.float32), np.zeros(0, np.int64)
+
+#: candidate documents reranked between two drops of the segments' mapped pages from this
+#: process: a page fault maps up to 64 KB of page-cached file around it (the kernel's
+#: fault-around; access advice does not stop it) -- of the codes, the scales and the offsets
+#: -- so without drops a long run of two_stage searches leaves every segment page in the
+#: process's RSS (6 GB at a million documents). 500 documents map at most ~100 MB.
+DROP_EVERY_DOCS = 500
+
 #: bytes of token codes one compaction step copies (and then drops from the mapping)
 _COPY_BYTES = 32 << 20
+
+
+def _advise(codes: np.ndarray, advice: int) -> np.ndarray:
+    """``madvise`` the mapping of memory-mapped codes (nothing for an in-memory array)."""
+    m = getattr(codes, "_mmap", None)  # np.memmap's mapping (None for an in-memory segment)
+    if m is not None:
+        m.madvise(advice)
+    return codes
 
 
 def _drop_pages(codes: np.ndarray) -> None:
     """Drop the resident pages of a memory-mapped segment from this process (the page cache
     keeps them): reading a whole segment through its mapping would otherwise leave all of it in
     the process's RSS."""
-    m = getattr(codes, "_mmap", None)  # np.memmap's mapping (None for an in-memory segment)
-    if m is not None:
-        m.madvise(mmap.MADV_DONTNEED)
+    _advise(codes, mmap.MADV_DONTNEED)
+
+
+def npz_memmap(path: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read-only memory maps of the arrays ``names`` of an ``.npz`` file (``np.savez`` stores
+    them uncompressed, each a whole ``.npy`` inside the zip); the ones stored compressed, or
+    missing, are left out."""
+    import zipfile
+
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for name in names:
+            try:
+                info = zf.getinfo(name + ".npy")
+            except KeyError:
+                continue
+            if info.compress_type != zipfile.ZIP_STORED:
+                continue
+            f.seek(info.header_offset + 26)  # the local header: name and extra field lengths
+            n_name, n_extra = np.frombuffer(f.read(4), "<u2")
+            f.seek(info.header_offset + 30 + int(n_name) + int(n_extra))
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                continue
+            shape, fortran, dtype = read_header(f)
+            if fortran or dtype.hasobject:
+                continue
+            if int(np.prod(shape)) == 0:
+                out[name] = np.zeros(shape, dtype)
+                continue
+            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
+    return out
 
 
 def _row_blocks(docs: Sequence[np.ndarray], rows: int):
@@ -302,11 +380,23 @@ def _row_blocks(docs: Sequence[np.ndarray], rows: int):
         yield buf[0] if len(buf) == 1 else np.concatenate(buf)
 
 
+def _merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of concatenated ``(scores, ids)`` parts, ties by position in the
+    concatenation (as :func:`index.validate.topk`)."""
+    if not parts:
+        return np.zeros(0, np.float32), np.zeros(0, np.int64)
+    sc = np.concatenate([p[0] for p in parts])
+    ids = np.concatenate([p[1] for p in parts])
+    o = np.argsort(-sc, kind="stable")[:k]
+    return sc[o], ids[o]
+
+
 class MultiStore(VectorStore):
     """All segments of a multi-vector collection plus the uncommitted (pending) one."""
 
     META_KEYS = ("next_seg_id", "token_index", *CompanionRows.META_KEYS)
     supports_token_ann = True
+    accepts_all_live = True
 
     def __init__(self, spec: CollectionSpec, next_seg_id: int = 0,
                  companion: CompanionRows | None = None) -> None:
@@ -322,6 +412,8 @@ class MultiStore(VectorStore):
         self.token_index: faiss.Index | None = None
         self.token_segments: set[int] = set()  # segments whose tokens are in token_index
         self.token_dirty = False
+        self._reranked = 0  # candidate documents reranked since the mapped pages were dropped
+        self._touched: set[int] = set()  # positions of the segments they were in
 
     # ---- loading ------------------------------------------------------------------------
     @classmethod
@@ -335,22 +427,25 @@ class MultiStore(VectorStore):
 
     @classmethod
     def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
-             live_ids: np.ndarray) -> "MultiStore":
+             live_ids: np.ndarray | None) -> "MultiStore":
         store = cls(spec, int(state.meta.get("next_seg_id") or 0))
         seg_ids = [s[0] for s in state.segments]
         token_meta = state.meta.get("token_index")
-        live_ids = np.asarray(live_ids, dtype=np.int64)
-        alive = np.zeros(int(live_ids.max()) + 1 if len(live_ids) else 0, bool)
-        alive[live_ids] = True
+        if live_ids is None:  # every document of the segments is live (the caller counted them)
+            alive, n_live = None, sum(int(s[1]) for s in state.segments)
+        else:
+            live_ids = np.asarray(live_ids, dtype=np.int64)
+            alive = np.zeros(int(live_ids.max()) + 1 if len(live_ids) else 0, bool)
+            alive[live_ids] = True
+            n_live = len(live_ids)
         for sid in seg_ids:
             seg = Segment.read(folder, sid, alive)
             rows = np.flatnonzero(seg.live)
             store.loc.set(seg.doc_ids[rows], len(store.segments), rows)
             store.segments.append(seg)
-        if len(store.loc) != len(live_ids):
+        if len(store.loc) != n_live:
             raise InternalError(
-                f"segments hold {len(store.loc)} of the {len(live_ids)} documents of the document "
-                "store")
+                f"segments hold {len(store.loc)} of the {n_live} documents of the document store")
         if spec.companion_pooler is not None:
             store.companion = store._load_companion(folder, state)
         if token_meta and set(token_meta["segments"]) <= set(seg_ids):
@@ -578,7 +673,7 @@ class MultiStore(VectorStore):
         seg, row = self.segments[int(pos[0])], int(rows[0])
         out = {"vectors": seg.dequantized(np.array([row]))[0]}
         if self.companion is not None:
-            out["companion"] = np.stack([self.companion.index.reconstruct(int(r)) for r in
+            out["companion"] = np.stack([self.companion.direct_map().reconstruct(int(r)) for r in
                                          row_ids(np.array([int_id]), seg.comp_rows[row:row + 1])])
         return out
 
@@ -621,32 +716,48 @@ class MultiStore(VectorStore):
         comp = 0 if self.companion is None else self.companion.n_docs * 4 * self.spec.companion_dim
         return (self.live_vectors() * per_tok + 16 * len(self.loc) + comp) / len(self.loc)
 
-    def exhaustive(self, queries: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """MaxSim of every query against every live document: (scores [q, n], int ids [n])."""
-        scores, ids = [], []
+    def exhaustive_topk(self, queries: Sequence[np.ndarray], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query the exact MaxSim top ``k`` of the live documents: ``(scores, int ids)``, ties
+        by segment, then row; by
+        :func:`index.int8scan.maxsim_topk` per segment (the int8 scan where the CPU has int8
+        units), merged."""
+        parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in queries]
         for seg in self.segments:
             if not seg.n_docs or not seg.live.any():
                 continue
-            s = maxsim_scores(queries, seg.codes, seg.offsets, seg.scales)
-            scores.append(s[:, seg.live])
-            ids.append(seg.doc_ids[seg.live])
-        if not scores:
-            return np.zeros((len(queries), 0), np.float32), np.zeros(0, np.int64)
-        return np.concatenate(scores, axis=1), np.concatenate(ids)
+            _advise(seg.codes, mmap.MADV_SEQUENTIAL)  # a whole scan: read ahead
+            try:
+                res = maxsim_topk(queries, seg.codes, seg.offsets, seg.scales, k, live=seg.live,
+                                  norms=seg.doc_norms() if seg.committed else None)
+            finally:  # its pages stay in the page cache, not in this process
+                _advise(seg.codes, mmap.MADV_RANDOM)
+                seg.drop_pages()
+            for qi, (sc, pos) in enumerate(res):
+                o = np.argsort(pos, kind="stable")  # by row: ties merge as in the full list
+                parts[qi].append((sc[o], seg.doc_ids[pos[o]]))
+        return [_merge_topk(p, k) for p in parts]
 
-    def rerank(self, query: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact MaxSim of one query against candidate int ids (unknown/dead ones dropped)."""
+    def rerank_topk(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exact MaxSim top ``k`` of candidate int ids (unknown/dead ones dropped), ties by
+        segment, then id; large candidate sets take the int8 scan."""
         ids, pos, rows = self.loc.find(np.unique(np.asarray(cand, dtype=np.int64)))
-        if not len(ids):
-            return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        scores, out = [], []
+        parts = []
         for p in np.unique(pos).tolist():
             sel = pos == p
             seg = self.segments[p]
-            scores.append(maxsim_scores([query], seg.codes, seg.offsets, seg.scales,
-                                        doc_idx=rows[sel].astype(np.int64))[0])
-            out.append(ids[sel])
-        return np.concatenate(scores), np.concatenate(out)
+            idx = rows[sel].astype(np.int64)
+            (sc, at), = maxsim_topk([query], seg.codes, seg.offsets, seg.scales, k, doc_idx=idx,
+                                    norms=seg._norms if seg.committed else None)
+            o = np.argsort(at, kind="stable")
+            parts.append((sc[o], ids[sel][at[o]]))
+        self._reranked += len(ids)
+        self._touched.update(np.unique(pos).tolist())
+        if self._reranked >= DROP_EVERY_DOCS:  # keep the mapped pages this process holds bounded
+            touched, self._touched, self._reranked = self._touched, set(), 0
+            for p in touched:
+                if p < len(self.segments):
+                    self.segments[p].drop_pages()
+        return _merge_topk(parts, k)
 
     def token_candidates(self, queries: Sequence[np.ndarray], k_token: int,
                          ids: np.ndarray | None = None) -> list[np.ndarray]:

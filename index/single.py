@@ -13,6 +13,7 @@ new base. Indexes that cannot remove rows (HNSW) are written whole at every comm
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from .spec import CollectionSpec, _faiss_metric, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 HNSW_EF_SEARCH = 64
+_MAP_LOCK = threading.Lock()
 #: a filter that keeps at most this many vectors of an approximate index is answered exactly
 #: over them (reconstructed), instead of by the index with a selector
 EXACT_AMONG = 4096
@@ -135,6 +137,10 @@ class SingleStore(VectorStore):
         """Load the committed index file and check it holds exactly the live documents."""
         name = state.meta.get(cls.META_KEY)
         store = cls.empty(spec) if not name else cls(spec, faiss.read_index(str(folder / name)), name)
+        if name and store.ivf_codes:
+            # no id -> (list, offset) hashtable until reconstruct or remove needs it: ~50 bytes a
+            # row in memory (50 MB at a million) and its upkeep while the deltas are appended
+            faiss.extract_index_ivf(store.index).set_direct_map_type(faiss.DirectMap.NoMap)
         for delta in state.meta.get(cls.DELTAS_KEY) or []:
             with np.load(folder / delta) as z:
                 store._append(z["ids"], z["rows"])
@@ -153,6 +159,7 @@ class SingleStore(VectorStore):
                     f"(e.g. internal id {int(missing[0])})")
             dead = np.setdiff1d(stored, live, assume_unique=True)
             if len(dead) and store.removable:  # tombstones in the files: removed documents
+                store.direct_map()
                 idx.remove_ids(dead)
                 store.file_tombstones = len(dead)
             else:
@@ -161,6 +168,16 @@ class SingleStore(VectorStore):
             raise InternalError(
                 f"vector index holds {idx.ntotal} vectors but the document store {len(live)} documents")
         return store
+
+    def direct_map(self) -> faiss.Index:
+        """The index, with its id -> (list, offset) map built if a load left it out (IVF): what
+        ``reconstruct`` and a targeted ``remove_ids`` need."""
+        if self.ivf_codes:
+            with _MAP_LOCK:  # readers share the index: one of them builds the map
+                ivf = faiss.extract_index_ivf(self.index)
+                if ivf.direct_map.type == faiss.DirectMap.NoMap:
+                    ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+        return self.index
 
     # ---- writes -------------------------------------------------------------------------
     def check_add(self, n: int, companion: None = None) -> None:
@@ -203,6 +220,7 @@ class SingleStore(VectorStore):
         if not len(ids):
             return
         if self.removable:
+            self.direct_map()
             self.index.remove_ids(ids)
             self.file_tombstones += len(ids)
             self.dirty = True
@@ -222,7 +240,7 @@ class SingleStore(VectorStore):
 
     # ---- reads --------------------------------------------------------------------------
     def vectors_of(self, int_id: int) -> dict[str, np.ndarray]:
-        return {"vector": self.index.reconstruct(int(int_id))}
+        return {"vector": self.direct_map().reconstruct(int(int_id))}
 
     @property
     def n_docs(self) -> int:
@@ -303,7 +321,7 @@ class SingleStore(VectorStore):
         best_i = np.zeros((len(rows), 0), np.int64)
         for a in range(0, len(ids), EXACT_BLOCK):
             part = ids[a:a + EXACT_BLOCK]
-            v = self.index.reconstruct_batch(part)
+            v = self.direct_map().reconstruct_batch(part)
             d = q @ v.T if ip else (q * q).sum(1)[:, None] - 2 * q @ v.T + (v * v).sum(1)[None, :]
             best_d = np.concatenate([best_d, d.astype(np.float32)], axis=1)
             best_i = np.concatenate([best_i, np.broadcast_to(part, (len(rows), len(part)))], axis=1)

@@ -49,14 +49,18 @@ class VectorStore(ABC):
     META_KEYS: ClassVar[tuple[str, ...]] = ()
     #: whether it can build a token-level ANN index (``search(mode="tokens")``)
     supports_token_ann: ClassVar[bool] = False
+    #: whether :meth:`load` takes ``live_ids=None`` for "every document of the files is live"
+    #: (the caller checked the document store's count against them)
+    accepts_all_live: ClassVar[bool] = False
     spec: CollectionSpec
 
     # ---- committed state ------------------------------------------------------------------
     @classmethod
     @abstractmethod
     def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,
-             live_ids: np.ndarray) -> "VectorStore":
-        """The committed store: the files ``state`` names, checked against the live ids."""
+             live_ids: np.ndarray | None) -> "VectorStore":
+        """The committed store: the files ``state`` names, checked against the live ids
+        (``None``: all of the files' documents, with :attr:`accepts_all_live`)."""
 
     @classmethod
     @abstractmethod

@@ -275,3 +275,203 @@ def test_unknown_or_mismatched_kernel_is_refused(rng):
         maxsim_scores([vecs[:2]], vecs, offs, kernel="fast")
     with pytest.raises(InvalidError, match="scores int8 codes"):
         maxsim_scores([vecs[:2]], vecs.astype(np.float16), offs, kernel="mlas-int8")
+
+
+# ---------------------------------------------------------------------------- exact top k (int8scan)
+# maxsim_topk must return exactly the top k of naive MaxSim on the stored values: the same
+# documents (ties by position) and their scores. The int8 scan is forced (scan="int8") whatever
+# this CPU has, so it runs here (VNNI or not: torch._int_mm is exact, checked below) and the
+# portable path (scan="exact") against the same reference.
+
+from embedpool.index import int8scan  # noqa: E402
+
+SCANS = ["int8", "exact"] if int8scan.int8_matmul_is_exact() else ["exact"]
+
+
+def _naive_topk(queries, stored, offs, k, doc_idx=None, live=None, gap=1e-4):
+    """The top k of _naive's float64 scores (ties by position), those scores, and which of them
+    are ``clear``: further than ``gap`` from every other document's score (closer ones may swap
+    by float32 rounding alone)."""
+    full = _naive(queries, stored, offs, doc_idx)
+    pos = np.arange(full.shape[1]) if live is None else np.flatnonzero(live)
+    out = []
+    for row in full:
+        o = pos[np.argsort(-row[pos], kind="stable")]
+        ws = row[o]
+        clear = (np.abs(np.diff(ws, prepend=np.inf)) > gap) & (np.abs(np.diff(ws, append=-np.inf)) > gap)
+        out.append((ws[:k], o[:k], clear[:k]))
+    return out
+
+
+def _check_topk(queries, codes, offs, scales, k, scan, doc_idx=None, live=None, chunk_bytes=1 << 20, gap=1e-4):
+    """maxsim_topk against the naive reference: equal scores (float32 rounding) and the same
+    documents wherever the reference's scores are further apart than ``gap`` (closer ones
+    may swap by float32 rounding alone: the exact kernel's rounding depends on a row's place in
+    its block); and the exact kernel's own scores of the top k."""
+    stats = {}
+    got = int8scan.maxsim_topk(queries, codes, offs, scales, k, doc_idx=doc_idx, live=live, scan=scan,
+                               chunk_bytes=chunk_bytes, stats=stats)
+    assert stats["scan"] == scan
+    want = _naive_topk(queries, _stored(codes, scales), offs, k, doc_idx, live, gap)
+    full = maxsim_scores(queries, codes, offs, scales, doc_idx=doc_idx, kernel="numpy")
+    for (gs, gp), (ws, wp, clear), row in zip(got, want, full):
+        assert gs.dtype == np.float32 and len(gp) == len(wp)
+        np.testing.assert_allclose(gs, ws, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(gp[clear], wp[clear])
+        pos = np.arange(len(row)) if live is None else np.flatnonzero(live)
+        exact_order = pos[np.argsort(-row[pos], kind="stable")[:k]]
+        np.testing.assert_allclose(row[gp], row[exact_order], rtol=1e-6, atol=1e-6)
+    return got, stats
+
+
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("second_scan", [False, True])
+def test_topk_equals_naive_on_random_vectors(rng, monkeypatch, scan, second_scan):
+    monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0 if second_scan else 10 ** 9)
+    dim = 48
+    docs = rand_docs(rng, 150, dim, lo=1, hi=40) + [rand_unit(rng, 300, dim)]  # the last > a chunk
+    docs = [d * rng.uniform(0.5, 3.0) for d in docs]  # token norms other than 1: N_D matters
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs, "int8")
+    queries = rand_docs(rng, 4, dim, lo=1, hi=33)
+    for k in (1, 7, 151, 400):  # k above the number of documents: all of them, ordered
+        _check_topk(queries, codes, offs, scales, k, scan, chunk_bytes=3_000)
+    idx = np.array([150, 3, 17, 0, 42, 79, 120, 5])  # a candidate subset, any order
+    _check_topk(queries, codes, offs, scales, 3, scan, doc_idx=idx, chunk_bytes=3_000)
+    live = rng.random(151) < 0.7
+    _check_topk(queries, codes, offs, scales, 10, scan, live=live, chunk_bytes=3_000)
+    _check_topk(queries, codes, offs, scales, 2, scan, doc_idx=idx, live=rng.random(len(idx)) < 0.5)
+
+
+def _adversarial(rng, dim=64, norm=3.0):
+    """A one-token query and one-token documents on which the int8 scan's error reaches its
+    bound: with ``r`` the query's int8 rounding residual and ``w`` the unit direction of ``q``
+    orthogonal to it, documents ``norm * (x w +- 0.9 r/||r||)`` score ``p = exact -+ 0.9 ||r||
+    norm`` in the scan (the bound is ``||r|| norm``). The ``-`` documents ("X") are placed 1.4
+    ||r|| norm above the ``+`` ones ("Y") in the scan, so the Y documents are exactly 0.4
+    ||r|| norm better: near-ties inside the bound, in the reverse order. Plus exact duplicates
+    (ties) and documents far below."""
+    q = rand_unit(rng, 1, dim).astype(np.float64)
+    codes_q, a, r_norm, _ = int8scan.quantized_queries(q.astype(np.float32))
+    r = q[0] - float(a[0]) * codes_q[0]
+    r_hat = r / np.linalg.norm(r)
+    w = q[0] - (q[0] @ r_hat) * r_hat
+    w /= np.linalg.norm(w)
+    cw, cr, rn = q[0] @ w, q[0] @ r_hat, float(r_norm[0])
+    x_y = 0.2
+    x_x = x_y + 1.4 * rn / cw + 1.8 * (cr - rn) / cw  # the scan puts X 1.4 ||r|| above Y
+    docs = [x_x + rng.uniform(-0.05, 0.05) * rn / cw for _ in range(12)]  # X
+    signs = [-0.9] * 12
+    docs += [x_y + rng.uniform(-0.05, 0.05) * rn / cw for _ in range(12)]  # Y
+    signs += [0.9] * 12
+    vecs = np.array([norm * (x * w + sg * r_hat) for x, sg in zip(docs, signs)])
+    order = rng.permutation(24)  # X and Y interleaved in position
+    vecs, is_y = vecs[order], order >= 12
+    vecs = np.concatenate([vecs, vecs[[3, 15, 3]], -vecs[:10]])  # ties; far below
+    is_y = np.concatenate([is_y, is_y[[3, 15, 3]], np.zeros(10, bool)])
+    codes, scales = quantize(vecs.astype(np.float32), "int8")
+    offs = np.arange(len(codes) + 1, dtype=np.int64)
+    return [q.astype(np.float32)], codes, offs, scales, is_y
+
+
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("second_scan", [False, True])
+def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second_scan):
+    monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0 if second_scan else 10 ** 9)
+    queries, codes, offs, scales, is_y = _adversarial(rng)
+    norms = int8scan.doc_norms(codes, offs, scales)
+    p, b = int8scan.bound_scan(queries, codes, offs, scales, norms)
+    exact = _naive(queries, _stored(codes, scales), offs)[0]
+    # the case is adversarial: the bound holds and is nearly reached (errors > 80% of it); the
+    # scan ranks all X above all Y, exactly every Y is above every X, by less than the bound
+    err = exact - p[0]
+    assert (np.abs(err) <= b[0]).all() and (np.abs(err[:24]) > 0.8 * b[0, :24]).all()
+    xy = slice(0, 27)  # the X and Y documents and their duplicates
+    assert p[0, xy][~is_y[xy]].min() > p[0, xy][is_y[xy]].max() + b[0, 0]
+    assert exact[xy][is_y[xy]].min() > exact[xy][~is_y[xy]].max()
+    assert exact[:24].max() - exact[:24].min() < 2 * b[0, 0]
+    for k in (1, 5, 12, 20):
+        got, stats = _check_topk(queries, codes, offs, scales, k, scan, gap=1e-6)
+        assert is_y[got[0][1][:min(k, 12)]].all()  # the Y documents first, as exact MaxSim says
+        if scan == "int8":
+            assert stats["rescored"][0] < len(norms)  # the bound ruled some documents out
+    # ties: the duplicates of the documents at positions 3 and 15 are returned next to them, with
+    # their score (within float32 rounding: the exact kernel rounds by a row's place in a block)
+    (gs, gp), = int8scan.maxsim_topk(queries, codes, offs, scales, 24 + 3, scan=scan)
+    pos = list(gp)
+    for orig, dup in ((3, 24), (15, 25), (3, 26)):
+        assert abs(pos.index(orig) - pos.index(dup)) <= 2
+        np.testing.assert_allclose(gs[pos.index(orig)], gs[pos.index(dup)], rtol=1e-6)
+
+
+@pytest.mark.skipif("int8" not in SCANS, reason="torch's int8 matmul is not exact here")
+def test_bound_holds_and_is_tight_enough(rng):
+    """|exact - scan| <= B for every (query, document), B shrinks 254x with the residual's codes,
+    and B is not vacuous (a small share of the scores' spread)."""
+    dim = 64
+    docs = [d * rng.uniform(0.2, 4.0) for d in rand_docs(rng, 200, dim, lo=1, hi=20)]
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs, "int8")
+    queries = rand_docs(rng, 5, dim, lo=1, hi=16)
+    norms = int8scan.doc_norms(codes, offs, scales)
+    exact = _naive(queries, _stored(codes, scales), offs)
+    p1, b1 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000)
+    p2, b2 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000, n_codes=2)
+    assert (np.abs(exact - p1) <= b1).all() and (np.abs(exact - p2) <= b2).all()
+    assert (b2 < b1 / 100).all()
+    assert (b1.max(axis=1) < 0.2 * (exact.max(axis=1) - exact.min(axis=1))).all()
+    # N_D is each document's largest stored token norm
+    stored = _stored(codes, scales)
+    want = [np.linalg.norm(stored[offs[j]:offs[j + 1]], axis=1).max() for j in range(200)]
+    np.testing.assert_allclose(norms, want, rtol=2e-6)
+    assert (norms >= want).all()
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_topk_equals_naive_on_real_token_vectors(real_tokens, monkeypatch, scan):
+    monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0)
+    docs, queries = real_tokens
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs, "int8")
+    for k in (1, 5):
+        _check_topk(queries, codes, offs, scales, k, scan, chunk_bytes=20_000)
+    _check_topk(queries, codes, offs, scales, 3, scan, doc_idx=np.array([23, 5, 0, 12, 17, 9, 2]),
+                chunk_bytes=20_000)
+
+
+def test_topk_on_float_codes_takes_the_exact_path(rng):
+    vecs, offs = _pack(rand_docs(rng, 30, 16))
+    q = [rand_unit(rng, 3, 16)]
+    stats = {}
+    (s, p), = int8scan.maxsim_topk(q, vecs.astype(np.float16), offs, None, 4, stats=stats)
+    assert stats["scan"] == "exact"
+    with pytest.raises(InvalidError, match="int8 codes"):
+        int8scan.maxsim_topk(q, vecs, offs, None, 4, scan="int8")
+    with pytest.raises(InvalidError, match="unknown MaxSim scan"):
+        int8scan.maxsim_topk(q, vecs, offs, None, 4, scan="fast")
+
+
+@pytest.mark.parametrize("flags, int8", [
+    (ZEN1_FLAGS, "exact"),  # no int8 units: products at the FMA rate
+    (CASCADE_LAKE_FLAGS, "int8"),  # AVX-512 VNNI (this machine's kind)
+    (SAPPHIRE_RAPIDS_FLAGS, "int8"),  # AMX
+    (ALDER_LAKE_FLAGS, "int8"),  # AVX-VNNI
+    ((), "exact"),
+])
+def test_scan_choice_per_cpu(flags, int8):
+    assert kernels.choose_scan("int8", flags)[0] == int8
+    assert kernels.choose_scan("int8", flags, torch_int8=False)[0] == "exact"
+    for precision in ("float16", "float32"):
+        assert kernels.choose_scan(precision, flags)[0] == "exact"
+
+
+def test_auto_scan_is_the_choice_for_this_cpu(rng):
+    flags = kernels.cpu_features()[0]
+    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact())[0]
+    assert kernels.resolve_scan("auto", "int8") == want
+    docs = rand_docs(rng, 400, 32, lo=40, hi=60)  # above MIN_SCAN_TOKENS
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs, "int8")
+    stats = {}
+    int8scan.maxsim_topk([rand_unit(rng, 4, 32)], codes, offs, scales, 3, stats=stats)
+    assert stats["scan"] == want

@@ -168,6 +168,15 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
         with pytest.raises(err, match=msg):
             coll.add(**kw)
         assert isinstance(err("x"), ValueError)
+    # each error names the argument at fault (what the HTTP layer reports as `param`)
+    params = []
+    for kw in (dict(ids=["n0", "n0"], vectors=good), dict(ids=["n0", "n1"], vectors=nan),
+               dict(ids=["n0", "n1"], vectors=good, metadata=[{"x": object()}, None]),
+               dict(ids=["n0", "n1"], vectors=good, pooler="cls")):
+        with pytest.raises((InvalidError, ConflictError)) as e:
+            coll.add(**kw)
+        params.append(e.value.param)
+    assert params == ["ids", "vectors", "metadata", "pooler"]
     assert _snapshot(coll, q) == before
     coll.commit()
     coll.close()
