@@ -110,11 +110,11 @@ def copy(src, dst, batch: int = 256, commit_every: int = 1024) -> float:
     return len(ids) / spent
 
 
-def serve(env: dict[str, str], folder: Path) -> tuple[subprocess.Popen, str]:
+def serve(env: dict[str, str], folder: Path, precision: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDPOOL_")}
     full.update({"EMBEDPOOL_DATA_DIR": str(folder), "EMBEDPOOL_LOG_LEVEL": "warning", "OMP_WAIT_POLICY": "PASSIVE",
-                 "EMBEDPOOL_PRECISION": "fp32", **env})
+                 "EMBEDPOOL_PRECISION": precision, **env})
     log = open(folder.parent / f"serve-{port}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "embedpool.app.cli", "serve", "--host", "127.0.0.1",
                              "--port", str(port)], env=full, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -150,6 +150,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=None, help="first N SciFact documents (default: all 5,183)")
     ap.add_argument("--queries", type=int, default=None, help="first N test queries (default: all 300)")
+    ap.add_argument("--precision", default="fp32",
+                    help="encoder path of the indexing job and of the three servers (the same for every backend)")
     ap.add_argument("--out", default=str(HERE / "results" / "milvus_server.json"))
     args = ap.parse_args()
 
@@ -160,6 +162,8 @@ def main() -> None:
     from embedpool.index.milvus.versions import features_of
 
     out: dict = {"machine": machine()}
+    m = out["machine"]
+    print(f"machine: {m['cpu']} x{m['cpus']} {' '.join(m['cpu_flags'])}; load {m['loadavg_start']}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-milvus-"))
     procs: list[subprocess.Popen] = []
     srv = MilvusServer(work / "milvus")
@@ -171,7 +175,8 @@ def main() -> None:
         corpus = work / "corpus.jsonl"
         n = corpus_file(corpus, args.docs)
         src = CorpusSource(str(corpus))
-        embedder = load_embedder(Settings(precision="fp32", data_dir=str(work)))
+        embedder = load_embedder(Settings(precision=args.precision, data_dir=str(work)))
+        out["encoder_precision"] = embedder.encoder.precision
         milvus = dict(backend="milvus", milvus_uri=srv.uri)
         with RSSPeak(srv.rss) as peak, IndexJob(embedder, work / "job", "sf", POOLERS, source=src.describe(),
                                                 commit_every=1024, progress=False, **milvus) as job:
@@ -199,7 +204,7 @@ def main() -> None:
         urls = {}
         for side, env in sides.items():
             (work / f"serve-{side}").mkdir(exist_ok=True)
-            p, url = serve(env, faiss_dir if side == "faiss" else work / f"serve-{side}")
+            p, url = serve(env, faiss_dir if side == "faiss" else work / f"serve-{side}", args.precision)
             procs.append(p)
             urls[side] = url
         for (side, url), p in zip(urls.items(), procs):
@@ -239,7 +244,8 @@ def main() -> None:
     out["machine"]["loadavg_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
-    print(f"\n{out['server']['version']} server, {n} SciFact documents, {out['queries']} queries over HTTP, k=10\n")
+    print(f"\n{out['server']['version']} server, {n} SciFact documents, {out['queries']} queries over HTTP, k=10, "
+          f"encoder {out['encoder_precision']}\n")
     print("| | FAISS | Milvus Lite | Milvus server |\n|---|---|---|---|")
     for case, d in out["latency_ms"].items():
         print(f"| {case} p50 / p99 ms | " + " | ".join(f"{d[s]['p50']} / {d[s]['p99']}" for s in urls) + " |")

@@ -132,9 +132,10 @@ def run_eval(data_flag: list[str], poolers: list[str], baseline: str) -> dict:
 def evaluate(args: argparse.Namespace) -> None:
     variants = [v for v in VARIANTS if v in args.variants]
     assert "attention" in variants, "the attention heads are the comparison"
-    heads = [(t, v, s) for s in args.seeds for t in TRAIN for v in variants]
+    heads = [(t, v, s) for s in args.seeds for t in args.trained_on for v in variants]
     specs = ["mean", *[spec(*h) for h in heads]]
-    selection = ["tokens", "reinpool"] if "reinpool" in variants else []  # MaxSim, and mean of the same vectors
+    # MaxSim, and the mean of the same vectors (untrained reinpool); also without trained reinpool heads
+    selection = ["tokens", "reinpool"] if "reinpool" in variants or args.selection else []
     scores: dict[tuple, dict] = {}  # (trained_on, variant, seed, evaluated_on) -> {score, p_mean, p_attention}
     mean_scores, sf, st, kept = {}, None, None, None
     if "scifact" in args.sets:
@@ -142,7 +143,7 @@ def evaluate(args: argparse.Namespace) -> None:
     if "stsb" in args.sets:
         st = _eval_stsb(args, variants, heads, specs, scores, mean_scores)
     trainings = json.loads((HEADS / "trainings.json").read_text()) if (HEADS / "trainings.json").exists() else []
-    table = summarize(scores, mean_scores, args.seeds, variants, trainings, args.sets)
+    table = summarize(scores, mean_scores, args.seeds, variants, trainings, args.sets, args.trained_on)
     args.out.write_text(json.dumps({
         "cpu": machine(), "encoder_precision": (sf or st)["encoder_precision"], "seeds": list(args.seeds),
         "anchor": ANCHOR, "stsb_train_args": args.stsb_args, "mean": mean_scores,
@@ -178,7 +179,7 @@ def _eval_scifact(args, variants, heads, specs, selection, scores, mean_scores) 
         maxsim, same = by_label["tokens [exhaustive]"]["ndcg@10"], by_label["reinpool"]["ndcg@10"]
         kept = {"tokens_maxsim": maxsim, "mean_of_token_vectors": same, "mean_of_token_vectors_share": same / maxsim,
                 **{f"reinpool_{t}_s{s}_share": scores[(t, "reinpool", s, "scifact")]["score"] / maxsim
-                   for t in TRAIN for s in args.seeds}}
+                   for t in args.trained_on for s in args.seeds if "reinpool" in variants}}
     return sf, kept
 
 
@@ -192,7 +193,7 @@ def _eval_stsb(args, variants, heads, specs, scores, mean_scores) -> dict:
         scores[(t, v, s, "stsb")] = {"score": st_rows[label]["spearman"], "p_mean": st_rows[label]["p_value"],
                                      "p_attention": None}
     for s in args.seeds:  # against each seed's attention heads
-        for t in TRAIN:
+        for t in args.trained_on:
             att = spec(t, "attention", s)
             mine = [spec(t, v, s) for v in variants if v != "attention"]
             rows = {r["label"]: r for r in run_eval(["--sts", STSB], [att, *mine], att)["results"]}
@@ -203,10 +204,10 @@ def _eval_stsb(args, variants, heads, specs, scores, mean_scores) -> dict:
 
 
 def summarize(scores: dict, mean_scores: dict, seeds, variants, trainings: list[dict] = (),
-              sets=tuple(TRAIN)) -> list[dict]:
+              sets=tuple(TRAIN), trained_on=tuple(TRAIN)) -> list[dict]:
     made = {(r["trained_on"], r["variant"], r["seed"]): r for r in trainings}
     out = []
-    for t in TRAIN:
+    for t in trained_on:
         for e in (x for x in ("scifact", "stsb") if x in sets):
             for v in variants:
                 runs = [scores[(t, v, s, e)] for s in seeds]
@@ -304,6 +305,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="trainings at once (each on one thread)")
     ap.add_argument("--out", type=Path, default=OUT, help="eval: the report (default bench/results/train_generalize.json)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--trained-on", nargs="+", default=list(TRAIN), choices=list(TRAIN),
+                    help="eval: only the heads trained on these sets (default both)")
+    ap.add_argument("--selection", action="store_true",
+                    help="eval: score `tokens` (exact MaxSim) and untrained `reinpool` on SciFact even without "
+                         "trained reinpool heads")
     args = ap.parse_args()
     print(json.dumps(machine()), file=sys.stderr)
     if args.what == "sweep":

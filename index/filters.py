@@ -346,6 +346,19 @@ def _lit(v: Scalar) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
+def _with_bool_twins(values: tuple[Scalar, ...] | list[Scalar]) -> list[Scalar]:
+    """``values`` plus the boolean each 1 or 0 is, and the number each boolean is: booleans are
+    the numbers 1 and 0 here, and the Milvus 2.3 server compares a JSON ``true`` unequal to ``1``
+    (Milvus Lite does not)."""
+    out = list(values)
+    for v in values:
+        if isinstance(v, bool):
+            out.append(int(v))
+        elif isinstance(v, (int, float)) and v in (0, 1):
+            out.append(bool(v))
+    return out
+
+
 def to_milvus(node: Node, field: str = "metadata") -> str:
     """The Milvus boolean expression of ``node`` over the JSON field ``field``."""
     def path(key: str, dates: bool = False) -> str:
@@ -369,7 +382,7 @@ def to_milvus(node: Node, field: str = "metadata") -> str:
         # Milvus takes no ``in`` on a JSON path: an OR of equalities, and json_contains(_any)
         # for list values; a NOT over a missing key is not true there, hence the exists term
         p = path(n.key)
-        eqs = " or ".join(f"{p} == {_lit(v)}" for v in n.values)
+        eqs = " or ".join(f"{p} == {_lit(v)}" for v in _with_bool_twins(n.values))
         vals = ", ".join(_lit(v) for v in n.values)
         e = (f"({eqs} or json_contains({p}, {_lit(n.values[0])}))" if len(n.values) == 1
              else f"({eqs} or json_contains_any({p}, [{vals}]))")

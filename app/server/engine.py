@@ -127,7 +127,7 @@ class Engine:
         self.loaded_at = int(time.time())
         self._default_pooler = self.embedder.canonical(s.pooler)
         self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
-                               max_wait_ms=s.max_wait_ms, observer=self.metrics,
+                               max_wait_ms=s.max_wait_ms, observer=self.metrics.for_model(self.name),
                                before_round=thread_policy(s.single_thread_tokens)).start()
         from embedpool.poolers.precision import cpu_features
 

@@ -18,6 +18,7 @@ class Metrics:
 
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: they only add noise to dashboards
+        self.queues: dict[str, tuple[int, int]] = {}  # each served model's (inputs, requests) waiting
         r = self.registry = CollectorRegistry()
         self.requests = Counter("embedpool_requests", "HTTP requests by route template, method and status",
                                 ["route", "method", "status"], registry=r)
@@ -47,6 +48,11 @@ class Metrics:
         self.model_loaded.set(1)
         self.encoder.info({"precision": precision, "requested": requested, "isa": isa})
 
+    def for_model(self, name: str) -> "_ModelQueue":
+        """The batcher observer of one served model: the queue gauges count every model's queue
+        (each batcher reports its own; the gauges hold their sum); the other series are shared."""
+        return _ModelQueue(self, name)
+
     # batcher observer ---------------------------------------------------------------
     def on_queue(self, inputs: int, requests: int) -> None:
         self.queue_inputs.set(inputs)
@@ -71,6 +77,21 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ModelQueue:
+    """:meth:`Metrics.for_model`: one model's batcher observer."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self._metrics, self._name = metrics, name
+
+    def on_queue(self, inputs: int, requests: int) -> None:
+        queues = self._metrics.queues
+        queues[self._name] = (inputs, requests)
+        self._metrics.on_queue(*(sum(q[i] for q in list(queues.values())) for i in (0, 1)))
+
+    def __getattr__(self, name: str):  # on_round, on_stages, on_dropped, on_rejected, on_loaded
+        return getattr(self._metrics, name)
 
 
 class MetricsMiddleware:

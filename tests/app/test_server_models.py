@@ -114,3 +114,16 @@ def test_a_collection_is_embedded_and_searched_with_its_own_model(two_models):
     r = c.post("/collections/large/search", json={"query": "q", "model": "tiny"})
     assert r.status_code == 409
     assert c.post("/collections/small/search", json={"query": "q", "model": "tiny"}).status_code == 200
+
+
+def test_the_queue_gauges_count_every_models_queue():
+    """Each model's batcher reports its own queue; /metrics' gauges hold the sum, not the last report."""
+    from embedpool.app.server.metrics import Metrics
+
+    m = Metrics()
+    a, b = m.for_model("a"), m.for_model("b")
+    a.on_queue(3, 1)
+    b.on_queue(5, 2)
+    a.on_queue(0, 0)
+    text = m.render().decode()
+    assert "embedpool_queue_size 5.0" in text and "embedpool_queue_requests 2.0" in text

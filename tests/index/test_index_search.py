@@ -227,13 +227,24 @@ def test_bm25_scores_equal_bm25s_with_the_same_tokenization(tmp_path):
         coll.close()
 
 
+def _lexical(coll):
+    """``coll`` for a lexical test; a collection made on a Milvus server without full-text search
+    (2.3 and 2.4) must refuse BM25 with the version that has it -- checked, then the test skips."""
+    if coll.manifest.get("milvus_full_text") is False:
+        with pytest.raises(InvalidError, match="no full-text.*Milvus 2.5 and later"):
+            coll.search(k=3, mode="bm25", texts=["cat"])
+        coll.close()
+        pytest.skip("this Milvus server has no full-text search (the refusal is checked)")
+    return coll
+
+
 @pytest.mark.parametrize("broad", [False, True])
 def test_bm25_and_hybrid_on_every_backend(where, corpus, broad, monkeypatch):
     if broad:  # filters that keep most documents: applied to the BM25 ranking (FAISS)
         if where["backend"] != "faiss":
             pytest.skip("FAISS' own path")
         monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
-    coll = _open(where, "bm", SINGLE)
+    coll = _lexical(_open(where, "bm", SINGLE))
     try:
         _fill(coll, corpus)
         nin = coll.search(k=10, mode="bm25", texts=["wolf bear"], filter={"tags": {"$nin": ["cat", "dog"]}})[0]
@@ -267,7 +278,7 @@ def test_bm25_and_hybrid_on_every_backend(where, corpus, broad, monkeypatch):
 
 def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
     """RRF and min-max score fusion, recomputed here from the two sides' own rankings."""
-    coll = _open(where, "hy", MULTI)
+    coll = _lexical(_open(where, "hy", MULTI))
     try:
         _fill(coll, corpus)
         rng = np.random.default_rng(4)
@@ -306,7 +317,7 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
 
 def test_a_delete_or_upsert_changes_lexical_and_vector_hits_in_the_same_commit(where):
     spec = CollectionSpec(**{**SINGLE.to_dict(), "dim": 4})
-    writer = _open(where, "lx", spec)
+    writer = _lexical(_open(where, "lx", spec))
     rng = np.random.default_rng(2)
     x = rand_unit(rng, 3, 4)
     try:

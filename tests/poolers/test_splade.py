@@ -32,7 +32,9 @@ def test_splade_equals_sentence_transformers_sparse_encoder(splade_model, splade
     got = splade_embedder.embed(TEXTS, ["splade"]).matrix("splade")  # normalize=True is ignored: dot-product weights
     assert got.shape == want.shape == (len(TEXTS), st.get_embedding_dimension())
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-    assert 0 < (got > 0).sum(1).min() and (got > 0).sum(1).max() < got.shape[1]  # sparse, not empty
+    # not a degenerate case: every vector has weights and the matrix has zeros (a random tiny
+    # model's longest text may light up its whole 85-entry vocabulary, so not per row)
+    assert (got > 0).any(1).all() and (got == 0).any()
     assert splade_embedder.output_dim("splade") == st.get_embedding_dimension()
     # each text alone: padding never changes a vector
     for i, text in enumerate(TEXTS):
