@@ -83,19 +83,24 @@ def _reference(scores, meta, pred, k):
     return [f"d{i}" for i in np.argsort(-np.asarray(scores), kind="stable") if pred(meta[i])][:k]
 
 
-@pytest.mark.parametrize("factory", ["IDMap2,Flat", "HNSW32", "HNSW32 selector", "IVF16,Flat selector",
-                                     "IDMap2,Flat broad"])
-def test_filtered_single_vector_search_is_the_unfiltered_one_post_filtered(where, corpus, factory, monkeypatch):
-    """``selector``: FAISS answers even small filters with its ID selector inside HNSW / IVF
-    (by default a filter that keeps few documents is answered exactly over them). ``broad``: a
-    filter that keeps most documents is applied to the unfiltered ranking, however small the
-    collection (by default only from 50,000 documents on)."""
+@pytest.mark.parametrize("factory", ["IDMap2,Flat", "HNSW32"])
+def test_filtered_single_vector_search_is_the_unfiltered_one_post_filtered(where, corpus, factory):
+    _filtered_equals_post_filtered(where, corpus, factory, "")
+
+
+@pytest.mark.parametrize("factory", ["HNSW32 selector", "IVF16,Flat selector", "IDMap2,Flat broad"])
+def test_faiss_filter_paths_are_the_unfiltered_search_post_filtered(tmp_path, corpus, factory, monkeypatch):
+    """FAISS' own paths. ``selector``: FAISS answers even small filters with its ID selector inside
+    HNSW / IVF (by default a filter that keeps few documents is answered exactly over them).
+    ``broad``: a filter that keeps most documents is applied to the unfiltered ranking, however
+    small the collection (by default only from 50,000 documents on)."""
     factory, _, selector = factory.partition(" ")
-    if selector:
-        if where["backend"] != "faiss":
-            pytest.skip("FAISS' own paths")
-        monkeypatch.setattr("embedpool.index.single.EXACT_AMONG", 0)
-        monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+    monkeypatch.setattr("embedpool.index.single.EXACT_AMONG", 0)
+    monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+    _filtered_equals_post_filtered({"data_dir": tmp_path / "data", "backend": "faiss"}, corpus, factory, selector)
+
+
+def _filtered_equals_post_filtered(where, corpus, factory, selector):
     coll = _open(where, "f1", CollectionSpec(**{**SINGLE.to_dict(), "factory": factory}))
     try:
         _fill(coll, corpus)
@@ -238,12 +243,17 @@ def _lexical(coll):
     return coll
 
 
-@pytest.mark.parametrize("broad", [False, True])
-def test_bm25_and_hybrid_on_every_backend(where, corpus, broad, monkeypatch):
-    if broad:  # filters that keep most documents: applied to the BM25 ranking (FAISS)
-        if where["backend"] != "faiss":
-            pytest.skip("FAISS' own path")
-        monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+def test_bm25_and_hybrid_on_every_backend(where, corpus):
+    _bm25_and_hybrid(where, corpus)
+
+
+def test_bm25_and_hybrid_with_broad_filters_on_faiss(tmp_path, corpus, monkeypatch):
+    """Filters that keep most documents, applied to the BM25 ranking (FAISS' own path)."""
+    monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+    _bm25_and_hybrid({"data_dir": tmp_path / "data", "backend": "faiss"}, corpus)
+
+
+def _bm25_and_hybrid(where, corpus):
     coll = _lexical(_open(where, "bm", SINGLE))
     try:
         _fill(coll, corpus)
