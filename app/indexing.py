@@ -44,7 +44,7 @@ import numpy as np
 
 from embedpool.app.allocator import release_free_memory
 from embedpool.app.datasets import Record
-from embedpool.app.encoding import embed_by_plan
+from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.app.retrieval import resolve_companion
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, NotFoundError

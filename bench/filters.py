@@ -51,7 +51,7 @@ def meta(j: int) -> dict:
 def grow(coll, layout: str, start: int, stop: int, corpus, factory: str) -> float:
     """Append documents ``start .. stop`` (the first add trains the index: FAISS's recommended
     sample size); commit every 100k."""
-    from embedpool.index.single import recommended_training_vectors
+    from embedpool.index.faiss.single import recommended_training_vectors
 
     t = time.perf_counter()
     want = max(recommended_training_vectors(factory), 10_000) if start == 0 else 10_000

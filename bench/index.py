@@ -75,7 +75,8 @@ if THREADS > 0:
 import numpy as np  # noqa: E402
 
 from embedpool.app.tables import render_table  # noqa: E402
-from embedpool.index import FaissCollection, CollectionSpec, delete_collection, open_collection  # noqa: E402
+from embedpool.index import (STORAGE_PRECISIONS, CollectionSpec, FaissCollection, delete_collection,  # noqa: E402
+                             open_collection)
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"
@@ -85,7 +86,6 @@ RESULTS_ENGINES = _HERE / "results" / "index_engines.json"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MULTI_POOLERS = ("tokens", "cluster:pool_factor=2", "cluster:pool_factor=3", "cluster:pool_factor=4",
                  "cluster:pool_factor=8", "cluster:pool_factor=16")
-PRECISIONS = ("float32", "float16", "int8")
 CANDIDATES = (50, 100, 200, 500)
 
 
@@ -267,7 +267,7 @@ def bench_scifact(root: Path, docs: int | None, encode_threads: int, latency_que
     lat_idx = list(range(min(latency_queries, len(qids))))
     for pooler in MULTI_POOLERS:
         vecs = sd.scifact_docs(sf, cache, (pooler,))[pooler]
-        for precision in PRECISIONS:
+        for precision in STORAGE_PRECISIONS:
             name = f"{_slug(pooler)}-{precision}"
             coll = FaissCollection.create(root, name, CollectionSpec(
                 kind="multi", model=MODEL, pooler=pooler, dim=384, precision=precision, companion="mean"))

@@ -168,7 +168,7 @@ def deleted(nums: np.ndarray) -> np.ndarray:
 def build(args) -> int:
     """Grow collection ``args.name`` to ``args.docs`` documents (appending to what it has)."""
     from embedpool.index import open_collection
-    from embedpool.index.single import recommended_training_vectors
+    from embedpool.index.faiss.single import recommended_training_vectors
 
     *_, model = load_sources()
     gen = corpus()
@@ -402,7 +402,7 @@ def phase(*argv: str) -> dict:
 
 
 def machine() -> dict:
-    from embedpool.poolers.precision import cpu_features
+    from embedpool.cpu import cpu_features
     from scale import machine as scale_machine
 
     info = scale_machine()

@@ -176,7 +176,7 @@ def _store_bytes(coll) -> dict:
 def _hold_committed_segments() -> None:
     """The other side: committed segments keep their token codes in memory (as before issue
     12), instead of reading them from the file their commit wrote."""
-    from embedpool.index import multi
+    from embedpool.index.faiss import multi
 
     def freeze(self) -> None:
         self.written_to = None

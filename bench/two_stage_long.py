@@ -15,7 +15,7 @@ companion): ``tokens:window=true`` and ``cluster:pool_factor=4,window=true``, in
 - ``mean``                  one mean per document (its first window: the standard plan).
 
 Queries go through the one retrieval path (``app.retrieval.Search``); metrics come from ranx
-(``app.evaluation.metrics``). Reported per collection: nDCG@10 exhaustive and two_stage at
+(``app.evaluation.scoring``). Reported per collection: nDCG@10 exhaustive and two_stage at
 ``--candidates`` (default 5% and 10% of the corpus), their ratio, and the search p50 of one
 query at a time (first 32 queries). Targets (issue 21): two_stage >= 95% of exhaustive nDCG@10
 at candidates <= 10% of the corpus, p50 <= 100 ms.
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedpool.app.datasets import load_beir
     from embedpool.app.evaluation.long import synthetic_long
-    from embedpool.app.evaluation.metrics import score_runs
+    from embedpool.app.evaluation.scoring import score_runs
     from embedpool.app.retrieval import Search, embed_texts
     from embedpool.poolers import Embedder, FrozenEncoder
 

@@ -26,7 +26,7 @@ from .spec import CollectionSpec
 
 #: backend name -> the module that holds its ``BACKEND`` (imported on first use: pymilvus is
 #: slow to import)
-_MODULES = {"faiss": "embedpool.index.faiss_backend", "milvus": "embedpool.index.milvus"}
+_MODULES = {"faiss": "embedpool.index.faiss", "milvus": "embedpool.index.milvus"}
 BACKENDS = tuple(_MODULES)
 
 

@@ -13,7 +13,7 @@ from embedpool.errors import ConflictError, InvalidError
 from .lexical import DEFAULT as DEFAULT_ANALYZER
 from .lexical import NONE as NO_ANALYZER
 from .lexical import canonical_analyzer
-from .maxsim import PRECISIONS
+from .maxsim import STORAGE_PRECISIONS
 
 #: Version of the on-disk layout written by this code. Opening a newer one is refused. Version 2
 #: added the companion rows a collection manages (``companion_pooler``); version 3 indexes every
@@ -123,9 +123,9 @@ class CollectionSpec:
         else:
             if self.metric != "ip":
                 raise InvalidError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
-            if self.precision not in PRECISIONS:
+            if self.precision not in STORAGE_PRECISIONS:
                 raise InvalidError(
-                    f"spec.precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
+                    f"spec.precision={self.precision!r}: use one of {', '.join(STORAGE_PRECISIONS)}")
             try:
                 faiss.index_factory(self.dim, self.token_factory, faiss.METRIC_INNER_PRODUCT)
             except Exception as e:

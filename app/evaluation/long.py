@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from embedpool.app.datasets import BeirData, Record
-from embedpool.app.evaluation.retrieval import QueryVectors, evaluate_retrieval
+from embedpool.app.evaluation.beir import QueryVectors, evaluate_retrieval
 from embedpool.errors import InvalidError
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from embedpool.app.datasets import BeirData, Record
-from embedpool.app.evaluation.retrieval import QueryVectors, evaluate_retrieval
+from embedpool.app.evaluation.beir import QueryVectors, evaluate_retrieval
 from embedpool.app.evaluation.sts import evaluate_sts
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, import_extra

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from embedpool.app.encoding import embed_by_plan
+from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.poolers import EmbedOptions
 from embedpool.app.retrieval import similarity
 from embedpool.errors import InvalidError

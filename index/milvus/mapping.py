@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from embedpool.errors import InvalidError
-from ..single import HNSW_EF_SEARCH, default_nprobe
+from ..faiss.single import HNSW_EF_SEARCH, default_nprobe
 from ..spec import CollectionSpec
 
 HNSW_EF_CONSTRUCTION = 40  # FAISS' default, so both backends build the same graph quality

@@ -8,7 +8,7 @@ On-disk layout of ``<data_dir>/<name>/``::
                              vector files
     writer.lock              flock held by the process that has uncommitted writes
     vectors-<gen>.faiss      single: the FAISS index as of commit <gen> (the base)
-    vectors-<gen>.delta.npz  single: the rows commit <gen> appended to the base (index.single)
+    vectors-<gen>.delta.npz  single: the rows commit <gen> appended to the base (index.faiss.single)
     seg-<id>.vec.npy         multi: token codes of one append-only segment
     seg-<id>.aux.npz         multi: its doc offsets, internal ids, int8 scales
     tokens-<gen>.faiss       multi: the token ANN index (once built)
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, Where
-from .base import (
+from ..backends import Backend, Where
+from ..base import (
     Capabilities,
     CollectionBase,
     Hit,
@@ -50,16 +50,16 @@ from .base import (
     require_spec,
 )
 from .docstore import DB_NAME, DocStore
-from .durable import fsync_dir, now_iso, remove_quietly, write_durable_bytes
+from ..durable import fsync_dir, now_iso, remove_quietly, write_durable_bytes
 from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError
-from .filters import Node
+from ..filters import Node
 from .folders import LOCK_FILE, collection_manifest, create_folder, delete_collection, list_collections
-from .lexical import parse_analyzer
+from ..lexical import parse_analyzer
 from .locks import FileLock, RWLock
 from .multi import MultiStore
 from .single import SingleStore
-from .spec import MANIFEST, CollectionSpec
-from .validate import topk
+from ..spec import MANIFEST, CollectionSpec
+from ..validate import topk
 from .vectors import StoreCommit, StoreState, VectorStore
 
 log = logging.getLogger("embedpool.index")

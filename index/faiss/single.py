@@ -20,9 +20,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from .durable import write_durable
+from ..durable import write_durable
 from embedpool.errors import InternalError, InvalidError
-from .spec import CollectionSpec, _faiss_metric, _first_line
+from ..spec import CollectionSpec, _faiss_metric, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 HNSW_EF_SEARCH = 64

@@ -7,7 +7,7 @@ multi-vector collection when one is evaluated with ``two_stage``) into collectio
 for all of them, each as its collection's manifest says (:mod:`app.retrieval`), and searched
 with :meth:`app.retrieval.Search.run` -- the code ``embedpool search`` and the HTTP route run.
 There is no second implementation of pooling or search here. Metrics and paired significance
-tests come from ``ranx`` (:mod:`app.evaluation.metrics`).
+tests come from ``ranx`` (:mod:`app.evaluation.scoring`).
 
 Modes ``bm25`` and ``hybrid`` add the lexical baseline and the fusion beside every pooler: one
 ``bm25`` row (the collections' lexical index, the same in every collection), and per pooler (per
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from embedpool.app.datasets import BeirData
-from embedpool.app.encoding import embed_by_plan
-from embedpool.app.evaluation.metrics import METRICS, score_runs
+from embedpool.app.timed_embedding import embed_by_plan
+from embedpool.app.evaluation.scoring import METRICS, score_runs
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Embedding, Search, embedding_calls
 from embedpool.errors import InvalidError
