@@ -22,7 +22,7 @@ import traceback
 
 from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
 
-COMMANDS = ["embed", "index", "search", "serve", "eval", "train_attention", "bench"]
+COMMANDS = ["embed", "index", "search", "serve", "eval", "train_pooler", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Every dataset embedpool reads, in one module: corpora streamed record by record (BEIR
 ``corpus.jsonl``, JSON lines with chosen fields, Parquet, plain text lines, stdin), BEIR
 retrieval sets (corpus, queries, qrels) and STS TSVs. The index job, ``embedpool eval``,
-``embedpool train-attention`` and the benchmarks in ``bench/`` all read through it, so they
+``embedpool train-pooler`` and the benchmarks in ``bench/`` all read through it, so they
 agree on what a document is.
 
 One set of rules for every reader (pinned by ``tests/app/test_datasets.py``):

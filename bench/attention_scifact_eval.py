@@ -2,7 +2,7 @@
 
 `embedpool eval` encodes the 5,183-document corpus again for every run (30-50 min on the busy
 2-core machine). This script caches the corpus' and the queries' token states once with
-:func:`poolers.training.cache_token_states` (the same cache `embedpool train-attention
+:func:`poolers.training.cache_token_states` (the same cache `embedpool train-pooler
 --corpus` reads for ICT), pools them with each head, ranks the corpus exactly by cosine and
 scores the runs with `app.evaluation.score_runs` (ranx nDCG@10 etc., paired t-test against
 mean), i.e. the metrics and test of `embedpool eval`. Check: its mean row must reproduce

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from embedpool.poolers import FrozenEncoder
     from embedpool.poolers.encoder import default_model_path
-    from embedpool.poolers.precision import cpu_features
+    from embedpool.cpu import cpu_features
 
     load_before = os.getloadavg()
     feats = cpu_features()

@@ -88,7 +88,8 @@ def precision_suite(args) -> int:
     """SciFact nDCG@10 of ``mean`` per encoder path; table vs fp32 and the 0.3-point bar."""
     import json
 
-    from embedpool.poolers.precision import PATHS, cpu_features
+    from embedpool.cpu import cpu_features
+    from embedpool.poolers.precision import PATHS
 
     isa = cpu_features().isa
     paths = args.paths or [p for p in PATHS if "bf16" not in p or isa in ("amx", "avx512_bf16")]

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from embedpool.poolers import Embedder, FrozenEncoder
-    from embedpool.poolers.precision import cpu_features
+    from embedpool.cpu import cpu_features
 
     load_before = os.getloadavg()
     feats = cpu_features()

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embedpool.cpu import cpu_features
 from embedpool.index import int8scan, kernels
 from embedpool.index.maxsim import dequantize, maxsim_scores, quantize
 from scale import machine
@@ -212,7 +213,7 @@ def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarr
     t = time.perf_counter()
     norms = int8scan.doc_norms(codes, offs, scales)
     norms_s = time.perf_counter() - t
-    scan, why = kernels.choose_scan("int8", kernels.cpu_features()[0], int8scan.int8_matmul_is_exact())
+    scan, why = kernels.choose_scan("int8", cpu_features().flags, int8scan.int8_matmul_is_exact())
     print(f"scan for int8 top-k: {scan} -- {why}; document norms (once per segment) in {norms_s:.2f} s", flush=True)
     for label, q in (("random query", random_q), ("query with an answer", answer_q)):
         if label == "random query":
@@ -328,7 +329,8 @@ def accuracy(docs: list[np.ndarray], queries: list[np.ndarray], cases: dict) -> 
 def run(args) -> dict:
     rng = np.random.default_rng(0)
     info = machine()
-    flags, capability = kernels.cpu_features()
+    cpu = cpu_features()
+    flags, capability = cpu.flags, cpu.capability
     info.update(workers=kernels.workers(), kernels_capability=capability)
     choice = {p: kernels.choose(p, flags, capability) for p in ("int8", "float16")}
     print(f"CPU: {info['cpu']} x{info['cpus']}; flags {' '.join(info['cpu_flags'])}; torch {info['torch_cpu_capability']}; "

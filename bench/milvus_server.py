@@ -5,9 +5,9 @@ next to FAISS and Milvus Lite, in one run (issue 35).
 2. ``IndexJob`` indexes the SciFact corpus into it with ``mean`` and ``cluster:pool_factor=4``
    (one forward pass for both; the cluster collection keeps its mean companion rows): the job's
    docs/s, embedding included, and the server's peak RSS while it ran (sampled every 0.2 s).
-3. The job's documents are copied, vectors as stored, into a FAISS folder and a Milvus Lite file
-   and into a second collection of the server: each backend's write rate (docs/s, add + commits
-   every 1,024 documents; embedding excluded).
+3. The job's documents are read back (32 gets at once) and copied, vectors as stored, into a
+   FAISS folder and a Milvus Lite file and into a second collection of the server: each
+   backend's write rate (docs/s, add + commits every 1,024 documents; embedding excluded).
 4. Three ``embedpool serve`` processes, one per backend, serve the same collections. The SciFact
    test queries go to each over HTTP one request at a time, the three backends interleaved in
    rotating order: ``/collections/sf-mean/search`` (single vector, k=10) and
@@ -87,19 +87,29 @@ def queries(n: int | None) -> list[str]:
     return qs[:n] if n else qs
 
 
-def copy(src, dst, batch: int = 256, commit_every: int = 1024) -> float:
-    """Documents of ``src`` into ``dst`` (vectors as stored); docs/s of the writes alone."""
-    ids = src.ids()
+def read_all(src, threads: int = 32) -> list[dict]:
+    """Every document of ``src``, vectors as stored, ``threads`` gets at once. A strong-consistency
+    read of the Milvus server waits for the server's next time tick (200-400 ms per query here,
+    whatever its size), so one get at a time took ~0.3 s per document (~30 min for SciFact's
+    mean collection, more for the multi-vector one, whose get is 2-3 queries)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as ex:
+        return list(ex.map(src.get, src.ids()))
+
+
+def copy(docs: list[dict], spec, dst, batch: int = 256, commit_every: int = 1024) -> float:
+    """``docs`` (:func:`read_all`) into ``dst``; docs/s of the writes alone."""
     spent, since = 0.0, 0
-    for i in range(0, len(ids), batch):
-        docs = [src.get(d) for d in ids[i:i + batch]]
-        key = "vector" if "vector" in docs[0] else "vectors"
-        vecs = np.stack([d[key] for d in docs]) if key == "vector" else [d[key] for d in docs]
-        comp = [d["companion"] for d in docs] if "companion" in docs[0] else None
+    for i in range(0, len(docs), batch):
+        part = docs[i:i + batch]
+        key = "vector" if "vector" in part[0] else "vectors"
+        vecs = np.stack([d[key] for d in part]) if key == "vector" else [d[key] for d in part]
+        comp = [d["companion"] for d in part] if "companion" in part[0] else None
         t0 = time.perf_counter()
-        dst.add([d["id"] for d in docs], vecs, [d["text"] for d in docs], [d["metadata"] for d in docs],
-                model=src.spec.model, pooler=src.spec.pooler, **({"companion": comp} if comp is not None else {}))
-        since += len(docs)
+        dst.add([d["id"] for d in part], vecs, [d["text"] for d in part], [d["metadata"] for d in part],
+                model=spec.model, pooler=spec.pooler, **({"companion": comp} if comp is not None else {}))
+        since += len(part)
         if since >= commit_every:
             dst.commit()
             since = 0
@@ -107,7 +117,7 @@ def copy(src, dst, batch: int = 256, commit_every: int = 1024) -> float:
     t0 = time.perf_counter()
     dst.commit()
     spent += time.perf_counter() - t0
-    return len(ids) / spent
+    return len(docs) / spent
 
 
 def serve(env: dict[str, str], folder: Path, precision: str) -> tuple[subprocess.Popen, str]:
@@ -191,10 +201,15 @@ def main() -> None:
         writes: dict[str, dict[str, float]] = {"faiss": {}, "milvus-lite": {}, "milvus-server": {}}
         for name in names:
             with open_collection(work / "job", name, **milvus) as s:
-                for side, kw, target in (("faiss", {}, name), ("milvus-lite", dict(backend="milvus", milvus_uri=lite), name),
-                                         ("milvus-server", milvus, name + "-copy")):
-                    with open_collection(faiss_dir, target, s.spec, **kw) as d:
-                        writes[side][name] = round(copy(s, d), 1)
+                t0 = time.perf_counter()
+                docs, spec = read_all(s), s.spec  # read once, written to each side
+                print(f"read {len(docs)} documents of {name} back in {time.perf_counter() - t0:.0f}s", flush=True)
+            for side, kw, target in (("faiss", {}, name),
+                                     ("milvus-lite", dict(backend="milvus", milvus_uri=lite), name),
+                                     ("milvus-server", milvus, name + "-copy")):
+                with open_collection(faiss_dir, target, spec, **kw) as d:
+                    writes[side][name] = round(copy(docs, spec, d), 1)
+            del docs
         out["write_docs_per_s"] = writes
         print("writes (docs/s):", writes, flush=True)
 

@@ -117,7 +117,8 @@ def load_onnx(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] 
 def load_path(path: str, model, tokenizer, max_length: int = 256, calibration=None, cache_dir=None):
     """The forward of ``path``: one of :data:`PATHS` here, else embedpool's own
     (:func:`embedpool.poolers.precision.load_forward`)."""
-    from embedpool.poolers.precision import cpu_features, load_forward
+    from embedpool.cpu import cpu_features
+    from embedpool.poolers.precision import load_forward
 
     if path not in PATHS:
         return load_forward(path, model, tokenizer, max_length, calibration, cache_dir)

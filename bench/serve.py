@@ -551,7 +551,7 @@ def _default_budget() -> int:
 
 
 def _isa() -> dict:
-    from embedpool.poolers.precision import cpu_features
+    from embedpool.cpu import cpu_features
 
     f = cpu_features()
     print(f"CPU: {f.summary()}\nall flags: {' '.join(sorted(f.flags))}", flush=True)

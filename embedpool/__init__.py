@@ -3,7 +3,8 @@
 The installed package has three layers, each a top-level folder of the repository mapped into
 this namespace (``pyproject.toml``): ``embedpool.poolers`` (the model side), ``embedpool.index``
 (the storage side) and ``embedpool.app`` (everything a person runs). This folder holds only what
-all three share and that imports none of them: the error taxonomy (:mod:`embedpool.errors`).
+all three share and that imports none of them: the error taxonomy (:mod:`embedpool.errors`) and
+the reading of this CPU's features (:mod:`embedpool.cpu`).
 """
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
     coll.add(ids, vectors, texts); coll.commit()
     hits = coll.search(queries, k=10)
 
-``FaissCollection`` (FAISS folders, :mod:`index.faiss_backend`) and ``MilvusCollection``
+``FaissCollection`` (FAISS folders, :mod:`index.faiss`) and ``MilvusCollection``
 (:mod:`index.milvus`) implement the whole contract of ``CollectionBase`` (:mod:`index.base`).
 """
 
@@ -21,20 +21,21 @@ from .backends import (
     read_collection_manifest,
     storage_status,
 )
-from .base import ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit
-from .faiss_backend import FaissCollection
+from .base import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit,
+                   companion_refusal)
+from .faiss import FaissCollection
 from .filters import parse_filter
 from .fusion import FUSIONS
 from .lexical import LANGUAGES, canonical_analyzer
-from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
+from .maxsim import STORAGE_PRECISIONS, bytes_per_vector, dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
     "BACKENDS", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
-    "STATS_KEYS", "parse_filter", "canonical_analyzer", "LANGUAGES",
-    "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
+    "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
+    "FORMAT_VERSION", "maxsim_scores", "quantize", "STORAGE_PRECISIONS", "dequantize", "bytes_per_vector",
 ]
 
 

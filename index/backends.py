@@ -26,7 +26,7 @@ from .spec import CollectionSpec
 
 #: backend name -> the module that holds its ``BACKEND`` (imported on first use: pymilvus is
 #: slow to import)
-_MODULES = {"faiss": "embedpool.index.faiss_backend", "milvus": "embedpool.index.milvus"}
+_MODULES = {"faiss": "embedpool.index.faiss", "milvus": "embedpool.index.milvus"}
 BACKENDS = tuple(_MODULES)
 
 
@@ -68,7 +68,7 @@ class Backend(ABC):
 
 def _backend(backend: str) -> Backend:
     if backend not in _MODULES:
-        raise InvalidError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        raise InvalidError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}", param="backend")
     return importlib.import_module(_MODULES[backend]).BACKEND
 
 

@@ -35,8 +35,9 @@ CPUs with int8 dot-product units (AVX-512 VNNI, AVX-VNNI, AMX) where torch's int
 exact; ``exact`` (the kernel above on every document) elsewhere.
 
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
-decision by injecting flags; :func:`cpu_features` reads the real ones (``/proc/cpuinfo`` and,
-where torch is loaded or the flags cannot be read, ``torch.backends.cpu.get_cpu_capability()``).
+decision by injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones
+(``/proc/cpuinfo`` and, where torch is loaded or the flags cannot be read,
+``torch.backends.cpu.get_cpu_capability()``).
 
 Design note: DESIGN.md lists numpy, faiss, sqlite3 and pymilvus as the libraries of ``index/``.
 ONNX Runtime is added here as an optional, lazily imported accelerator -- a deliberate change. It
@@ -47,17 +48,16 @@ takes ``numpy``.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.util import find_spec
-from pathlib import Path
 
 import numpy as np
 
+from embedpool.cpu import cpu_features
 from embedpool.errors import InvalidError
 
 KERNELS: dict[str, str] = {
@@ -71,32 +71,6 @@ _STEP = 254.0  # each further query code's step is 1/254 of the one before: |cod
 
 
 # ---------------------------------------------------------------------------- the CPU and the choice
-def read_flags(path: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``; empty if none)."""
-    try:
-        with open(path, errors="replace") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    return frozenset(line.partition(":")[2].split())
-
-
-@lru_cache(maxsize=1)
-def cpu_features() -> tuple[frozenset[str], str]:
-    """``(flags, torch capability)`` of this CPU. torch is consulted where it is already loaded
-    (the encoder loads it) or where the flags cannot be read; it is never imported just for this."""
-    flags = read_flags()
-    capability = "not read"
-    if "torch" in sys.modules or (not flags and find_spec("torch") is not None):
-        try:
-            import torch
-
-            capability = str(torch.backends.cpu.get_cpu_capability())
-        except Exception:  # pragma: no cover - a broken torch install
-            pass
-    return flags, capability
-
-
 def int8_units(flags: Iterable[str]) -> str | None:
     """The int8 matrix units ONNX Runtime's MLAS uses on a CPU with ``flags``: ``amx``,
     ``avx512_vnni`` (with AVX-512 BW/DQ/VL, as MLAS requires), ``avx_vnni`` -- or ``None``."""
@@ -146,12 +120,12 @@ def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
 def resolve(kernel: str, precision: str) -> str:
     """The kernel ``maxsim_scores`` runs for ``kernel`` (``auto`` or a name of :data:`KERNELS`)."""
     if kernel == "auto":
-        flags, capability = cpu_features()
-        return choose(precision, flags, capability, find_spec("onnxruntime") is not None)[0]
+        cpu = cpu_features()
+        return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None)[0]
     if kernel not in KERNELS:
-        raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}")
+        raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}", param="kernel")
     if kernel in INT8_KERNELS and precision != "int8":
-        raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}")
+        raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}", param="kernel")
     return kernel
 
 
@@ -189,7 +163,7 @@ def resolve_scan(scan: str, precision: str) -> str:
     if scan == "auto":
         from .int8scan import int8_matmul_is_exact
 
-        flags = cpu_features()[0]
+        flags = cpu_features().flags
         torch_ok = precision == "int8" and int8_units(flags) is not None and int8_matmul_is_exact()
         return choose_scan(precision, flags, torch_ok)[0]
     if scan not in SCANS:
@@ -284,7 +258,7 @@ def _signed_query_is_exact() -> bool:
 
 
 def _int8_query_kind() -> str:
-    return "u8s8" if int8_units(cpu_features()[0]) and _signed_query_is_exact() else "u8u8"
+    return "u8s8" if int8_units(cpu_features().flags) and _signed_query_is_exact() else "u8u8"
 
 
 # ---------------------------------------------------------------------------- kernels

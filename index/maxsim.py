@@ -28,7 +28,7 @@ import numpy as np
 from . import kernels
 from embedpool.errors import InternalError, InvalidError
 
-PRECISIONS = ("float32", "float16", "int8")
+STORAGE_PRECISIONS = ("float32", "float16", "int8")  # how multi-vector token vectors are stored
 
 #: Per-chunk working-set bound of :func:`maxsim_scores` (per worker thread: the chunk's codes, their
 #: converted form, the similarity block). 4 MB per worker (two fill the 8 MB L3 of the bench CPU) was
@@ -59,7 +59,8 @@ def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | No
         scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
         codes = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
         return codes, scales
-    raise InvalidError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    raise InvalidError(f"unknown precision {precision!r}; use one of {', '.join(STORAGE_PRECISIONS)}",
+                       param="precision")
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:

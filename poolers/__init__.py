@@ -6,7 +6,7 @@ from embedpool.poolers import (  # noqa: F401  (register)
 )
 from embedpool.poolers.base import Pooler, REGISTRY, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
-from embedpool.poolers.output import OUTPUT_PRECISIONS, quantize_output, unit_ranges
+from embedpool.poolers.quantization import OUTPUT_PRECISIONS, quantize_output, unit_ranges
 from embedpool.poolers.pipeline import EmbedOptions, Embedder, EmbedResult, Tokenized, Workload
 from embedpool.poolers.states import TokenStates
 

@@ -13,7 +13,7 @@ with its role, and a separate-heads file holds a ``query.*`` and a ``document.*`
 
 A head saves and loads as every module of :mod:`poolers` does (:class:`poolers.base.Configurable`):
 its config is ``head.json`` (the constructor arguments, the ``roles`` and the ``encoder`` it was
-trained on, plus whatever provenance ``embedpool train-attention`` adds) and its weights
+trained on, plus whatever provenance ``embedpool train-pooler`` adds) and its weights
 ``head.safetensors``, side by side in one folder; ``weights=`` names that folder or either file.
 An :class:`AttentionPooler` saves its own ``config.json`` and, when it has a trained head, the
 head beside it, so its folder also works as ``attention:weights=DIR``.
@@ -86,7 +86,7 @@ class HeadModule(nn.Module, Configurable):
         if not has_head(folder):
             raise NotFoundError(
                 f"attention weights not found: expected {folder / WEIGHTS_FILE} and {folder / CONFIG_FILE} "
-                "(written by `embedpool train-attention --out DIR`)"
+                "(written by `embedpool train-pooler --out DIR`)"
             )
         config = cls.load_config(folder)
         kind = config.pop("kind", "attention")
@@ -282,7 +282,7 @@ class AttentionPooler(Pooler):
 
     @classmethod
     def load(cls, path: str | Path) -> "AttentionPooler":
-        """The pooler saved in ``path``; a folder with only a head (``embedpool train-attention``
+        """The pooler saved in ``path``; a folder with only a head (``embedpool train-pooler``
         output) loads as ``attention:weights=path``. A relative ``weights`` is relative to ``path``."""
         config = cls.load_config(path)
         if not config and has_head(Path(path)):

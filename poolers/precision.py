@@ -4,17 +4,15 @@ that meets the quality bar on the CPU the encoder runs on.
 The quality bar (measured by ``bench/encode.py`` and ``bench/eval.py --precision``): min cosine to
 fp32 ≥ 0.995 on the encode benchmark's texts and SciFact test nDCG@10 within 0.3 points of fp32.
 :func:`choose` is pure (CPU features in, path and reason out), so tests pin every decision by
-injecting flags; :func:`cpu_features` reads the real ones (``/proc/cpuinfo`` flags and
+injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones (``/proc/cpuinfo`` flags and
 ``torch.backends.cpu.get_cpu_capability()``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
+from embedpool.cpu import CpuFeatures, cpu_features
 from embedpool.errors import InvalidError
 
 # name -> (library, what it is). Every name is selectable; ``auto`` picks one of them.
@@ -30,65 +28,6 @@ PATHS: dict[str, tuple[str, str]] = {
 }
 PRECISIONS = ("auto", *PATHS, "int8")
 ALIASES = {"int8": "openvino-int8"}  # the library int8 path replaced the hand-written graph
-
-
-@dataclass(frozen=True)
-class CpuFeatures:
-    """What decides the path: the CPU's flags and torch's kernel capability."""
-
-    flags: frozenset[str]
-    capability: str = "unknown"  # torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, DEFAULT, ...
-
-    @classmethod
-    def of(cls, flags: Iterable[str], capability: str = "unknown") -> "CpuFeatures":
-        return cls(frozenset(flags), capability)
-
-    @property
-    def isa(self) -> str:
-        """The tier that matters for these paths, best first."""
-        f = self.flags
-        if {"amx_bf16", "amx_int8", "amx_tile"} & f and "avx512f" in f:
-            return "amx"
-        if "avx512_bf16" in f:
-            return "avx512_bf16"
-        if "avx512_vnni" in f:
-            return "avx512_vnni"
-        if "avx512f" in f:
-            return "avx512"
-        if "avx_vnni" in f and "avx2" in f:
-            return "avx_vnni"
-        if "avx2" in f or self.capability.upper().startswith("AVX2"):
-            return "avx2"
-        return "unknown"
-
-    def summary(self) -> str:
-        keep = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
-                "amx_tile", "amx_bf16", "amx_int8")
-        found = [k for k in keep if k in self.flags]
-        return f"isa={self.isa} torch={self.capability} flags={','.join(found) or 'none'}"
-
-
-def read_cpu_flags(path: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        for line in Path(path).read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@lru_cache(maxsize=1)
-def cpu_features() -> CpuFeatures:
-    import torch
-
-    try:
-        capability = str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # pragma: no cover - very old torch
-        capability = "unknown"
-    return CpuFeatures(read_cpu_flags(), capability)
 
 
 def library_available(library: str) -> bool:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-PRECISIONS = ["float32", "float16", "int8"]
-
 
 def add_data_sources(p: argparse.ArgumentParser, *extra: tuple[str, str]) -> None:
     """``--data`` (BEIR) | ``--sts`` | each ``(flag, help)`` of ``extra``: one of them is required."""
@@ -38,6 +36,7 @@ def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     Work is sized in tokens and bytes; the record counts are upper bounds (see
     :class:`app.indexing.IndexJob`)."""
     from embedpool.app.indexing import BATCH_TOKENS, COMMIT_BYTES
+    from embedpool.index import STORAGE_PRECISIONS
 
     p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
                    help=f"tokens per embedding call, all windows counted (default {BATCH_TOKENS:,}); "
@@ -50,7 +49,7 @@ def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     p.add_argument("--batch-docs", type=int, default=256, metavar="N",
                    help="records per embedding call at most (each call is split into token-budget forward "
                         "batches)")
-    p.add_argument("--storage-precision", choices=PRECISIONS, default="float32",
+    p.add_argument("--storage-precision", choices=STORAGE_PRECISIONS, default="float32",
                    help="storage of multi-vector token vectors")
     p.add_argument("--analyzer", default="english", metavar="SPEC",
                    help="the collections' BM25 index: a language (english, german, french, ...) with its stemmer "

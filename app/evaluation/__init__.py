@@ -5,10 +5,10 @@ ranx metrics (:mod:`.metrics`), several models in one report (:mod:`.models`), a
 plot (:mod:`.plot`). The datasets come from :mod:`app.datasets`."""
 
 from embedpool.app.evaluation.long import evaluate_synthetic_long, synthetic_long
-from embedpool.app.evaluation.metrics import METRICS, STAT_TESTS, score_runs
+from embedpool.app.evaluation.scoring import METRICS, STAT_TESTS, score_runs
 from embedpool.app.evaluation.models import evaluate_models, model_entries
 from embedpool.app.evaluation.report import format_report, to_markdown, write_outputs
-from embedpool.app.evaluation.retrieval import DEPTH, QueryVectors, evaluate_retrieval
+from embedpool.app.evaluation.beir import DEPTH, QueryVectors, evaluate_retrieval
 from embedpool.app.evaluation.stress import evaluate_stress
 from embedpool.app.evaluation.sts import evaluate_sts
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from embedpool.app.encoding import embed_by_plan
+from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.poolers import EmbedOptions
 from embedpool.app.retrieval import similarity
 from embedpool.errors import InvalidError
@@ -32,7 +32,7 @@ def _baseline_spec(embedder, specs: list[str], baseline: str | None) -> str:
     mean = embedder.canonical("mean")
     bc = embedder.canonical(baseline) if baseline else (mean if mean in specs else specs[0])
     if bc not in specs:
-        raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers")
+        raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers", param="--baseline")
     return bc
 
 

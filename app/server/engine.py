@@ -136,7 +136,7 @@ class Engine:
         self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
                                max_wait_ms=s.max_wait_ms, observer=self.metrics.for_model(self.name),
                                before_round=thread_policy(s.single_thread_tokens)).start()
-        from embedpool.poolers.precision import cpu_features
+        from embedpool.cpu import cpu_features
 
         encoder = self.embedder.encoder
         self.metrics.on_loaded(encoder.precision, s.precision, cpu_features().isa)

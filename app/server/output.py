@@ -11,7 +11,7 @@ anything is encoded and turns the codes into JSON numbers or base64.
   precisions pack 8 dimensions per byte). A multi-vector input's string holds its ``n`` vectors
   one after the other: decode with ``np.frombuffer(...).reshape(-1, width)``.
 * int8 / uint8 ranges: ``[-1, 1]`` in every dimension unless the request sends ``ranges``; they
-  never come from the request's own vectors (see :mod:`poolers.output` for why).
+  never come from the request's own vectors (see :mod:`poolers.quantization` for why).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from embedpool.errors import InvalidError
 from embedpool.poolers import quantize_output, unit_ranges
-from embedpool.poolers.output import DTYPES
+from embedpool.poolers.quantization import DTYPES
 
 
 def output_ranges(precision: str, ranges: list[list[float]] | None, *, normalize: bool,

@@ -58,6 +58,6 @@ def test_an_unreachable_backend_is_unavailable(capsys, tmp_path):
 
 
 def test_usage_error_is_raised_for_options_that_do_not_go_together(capsys, tmp_path):
-    code = cli.main(["train-attention", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "h")])
+    code = cli.main(["train-pooler", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "h")])
     assert code == 2 and "--corpus needs --self-supervised ict" in capsys.readouterr().err
     assert issubclass(InvalidError, ValueError) and InvalidError.kind is Kind.INVALID

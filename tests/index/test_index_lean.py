@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedpool.index import CollectionSpec, FaissCollection, multi
+from embedpool.index import CollectionSpec, FaissCollection
+from embedpool.index.faiss import multi
 from index_testutil import rand_unit
 
 DIM = 128

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from embedpool.cpu import cpu_features
 from embedpool.errors import InvalidError
 from embedpool.index.maxsim import dequantize, gather_docs, maxsim_scores, quantize
 from index_testutil import naive_maxsim, rand_docs, rand_unit, unit
@@ -213,8 +214,7 @@ def test_kernel_equals_naive_on_real_token_vectors(real_tokens, kernel, precisio
 
 
 def test_auto_kernel_is_the_choice_for_this_cpu(rng):
-    flags, capability = kernels.cpu_features()
-    assert flags == kernels.read_flags()
+    flags, capability = cpu_features().flags, cpu_features().capability
     for precision in ("float32", "float16", "int8"):
         want = kernels.choose(precision, flags, capability, onnxruntime=True)[0]
         assert kernels.resolve("auto", precision) == want
@@ -259,14 +259,7 @@ def test_signed_int8_products_are_exact_only_where_the_flags_say_so():
     with what the library does on this CPU (the int8 kernels fall back to exact u8u8 otherwise)."""
     from embedpool.index.kernels import _signed_query_is_exact
 
-    assert _signed_query_is_exact() == (kernels.int8_units(kernels.read_flags()) is not None)
-
-
-def test_read_flags(tmp_path):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_int8\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert kernels.read_flags(info) == frozenset({"fpu", "avx2", "avx512f", "amx_int8"})
-    assert kernels.read_flags(tmp_path / "missing") == frozenset()
+    assert _signed_query_is_exact() == (kernels.int8_units(cpu_features().flags) is not None)
 
 
 def test_unknown_or_mismatched_kernel_is_refused(rng):
@@ -466,7 +459,7 @@ def test_scan_choice_per_cpu(flags, int8):
 
 
 def test_auto_scan_is_the_choice_for_this_cpu(rng):
-    flags = kernels.cpu_features()[0]
+    flags = cpu_features().flags
     want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact())[0]
     assert kernels.resolve_scan("auto", "int8") == want
     docs = rand_docs(rng, 400, 32, lo=40, hi=60)  # above MIN_SCAN_TOKENS

@@ -237,7 +237,7 @@ def test_a_legacy_half_made_collection_is_remade_when_empty_and_refused_when_not
 def test_a_failed_faiss_creation_leaves_nothing(tmp_path, monkeypatch):
     """FAISS: a folder is built under a hidden name and renamed into place; a failure while it
     is built leaves no collection, and the next creation succeeds."""
-    from embedpool.index import folders
+    from embedpool.index.faiss import folders
 
     data = tmp_path / "data"
     real = folders.write_durable_bytes

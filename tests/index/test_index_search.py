@@ -95,8 +95,8 @@ def test_faiss_filter_paths_are_the_unfiltered_search_post_filtered(tmp_path, co
     ``broad``: a filter that keeps most documents is applied to the unfiltered ranking, however
     small the collection (by default only from 50,000 documents on)."""
     factory, _, selector = factory.partition(" ")
-    monkeypatch.setattr("embedpool.index.single.EXACT_AMONG", 0)
-    monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+    monkeypatch.setattr("embedpool.index.faiss.single.EXACT_AMONG", 0)
+    monkeypatch.setattr("embedpool.index.faiss.collection.BROAD_MIN_DOCS", 0)
     _filtered_equals_post_filtered({"data_dir": tmp_path / "data", "backend": "faiss"}, corpus, factory, selector)
 
 
@@ -249,7 +249,7 @@ def test_bm25_and_hybrid_on_every_backend(where, corpus):
 
 def test_bm25_and_hybrid_with_broad_filters_on_faiss(tmp_path, corpus, monkeypatch):
     """Filters that keep most documents, applied to the BM25 ranking (FAISS' own path)."""
-    monkeypatch.setattr("embedpool.index.faiss_backend.BROAD_MIN_DOCS", 0)
+    monkeypatch.setattr("embedpool.index.faiss.collection.BROAD_MIN_DOCS", 0)
     _bm25_and_hybrid({"data_dir": tmp_path / "data", "backend": "faiss"}, corpus)
 
 

@@ -131,7 +131,7 @@ def test_trained_attention_pooler_round_trips_with_its_head(tmp_path, encoder):
 
 
 def test_head_folders_of_the_existing_format_still_load(tmp_path, encoder):
-    """A head folder as `embedpool train-attention` wrote it before this config protocol:
+    """A head folder as `embedpool train-pooler` wrote it before this config protocol:
     head.json (with provenance keys) + head.safetensors; loadable as a head, as
     `attention:weights=DIR` and as an AttentionPooler folder."""
     dim = encoder.hidden_size

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedpool.poolers.precision import (ALIASES, PATHS, PRECISIONS, CpuFeatures, choose, cpu_features,
-                                         library_available, read_cpu_flags, resolve)
+from embedpool.cpu import CpuFeatures, cpu_features
+from embedpool.poolers.precision import ALIASES, PATHS, PRECISIONS, choose, library_available, resolve
 
 AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2".split()
 AVX512 = AVX2 + "avx512f avx512dq avx512cd avx512bw avx512vl".split()
@@ -47,22 +47,6 @@ def test_auto_without_openvino_uses_torch(flags, path):
 
 def test_torch_capability_alone_marks_avx2():
     assert CpuFeatures.of([], "AVX2").isa == "avx2"
-
-
-def test_read_cpu_flags(tmp_path):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
-                    "\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
-    assert read_cpu_flags(info) == frozenset({"fpu", "avx2", "avx512f", "avx512_bf16"})
-    assert read_cpu_flags(tmp_path / "missing") == frozenset()
-
-
-def test_this_machine_features_match_cpuinfo():
-    feats = cpu_features()
-    assert feats.flags == read_cpu_flags()
-    import torch
-
-    assert feats.capability == torch.backends.cpu.get_cpu_capability()
 
 
 def test_resolve_names_and_errors():

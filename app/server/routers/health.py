@@ -89,7 +89,7 @@ def _model_info(engine: Engine) -> ModelInfo:
 
 
 def _cpu() -> str:
-    from embedpool.poolers.precision import cpu_features
+    from embedpool.cpu import cpu_features
 
     return cpu_features().summary()
 

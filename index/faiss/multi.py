@@ -10,7 +10,7 @@ into one new segment.
 
 Its state in the document store: the ``segments`` rows, ``next_seg_id``, ``token_index``
 (``{"file": "tokens-<gen>.faiss", "segments": [...]}``: the segments whose tokens it holds) and
-``companion_file`` (the companion rows' index, :mod:`index.companion`).
+``companion_file`` (the companion rows' index, :mod:`index.faiss.companion`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 import faiss
 import numpy as np
 
-from .durable import fsync_dir, fsync_path, write_durable
+from ..durable import fsync_dir, fsync_path, write_durable
 from embedpool.errors import InternalError, InvalidError
 from .companion import CompanionRows, row_ids
-from .int8scan import doc_norms, maxsim_topk
-from .maxsim import bytes_per_vector, dequantize, gather_docs, quantize
+from ..int8scan import doc_norms, maxsim_topk
+from ..maxsim import bytes_per_vector, dequantize, gather_docs, quantize
 from .single import id_selector, min_training_vectors
-from .spec import CollectionSpec, _first_line
+from ..spec import CollectionSpec, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 TOKEN_TRAIN_SAMPLE = 100_000

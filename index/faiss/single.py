@@ -20,9 +20,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from .durable import write_durable
+from ..durable import write_durable
 from embedpool.errors import InternalError, InvalidError
-from .spec import CollectionSpec, _faiss_metric, _first_line
+from ..spec import CollectionSpec, _faiss_metric, _first_line
 from .vectors import StoreCommit, StoreState, VectorStore
 
 HNSW_EF_SEARCH = 64
@@ -190,7 +190,7 @@ class SingleStore(VectorStore):
             raise InvalidError(
                 f"index {self.spec.factory!r} is trained on the first batch added, which must hold "
                 f"at least {need} vectors (FAISS recommends {rec}); this batch has {n}. Add a larger "
-                "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')")
+                "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')", param="factory")
 
     def add(self, int_ids: np.ndarray, x: np.ndarray, companion: None = None) -> None:
         if not self.index.is_trained:

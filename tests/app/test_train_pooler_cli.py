@@ -1,4 +1,4 @@
-"""``embedpool train-attention`` end to end on tiny data: the pairs come from app/datasets.py
+"""``embedpool train-pooler`` end to end on tiny data: the pairs come from app/datasets.py
 (STS TSV with a dev split; BEIR qrels), token states are cached, and the saved head loads as a
 pooler."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from embedpool.app import cli
-from embedpool.app.commands import train_attention as cmd
+from embedpool.app.commands import train_pooler as cmd
 
 SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stocks fell sharply today.",
              "Markets dropped as investors sold.", "It will rain this weekend.", "Storms are forecast.",
@@ -41,7 +41,7 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
     _sts(sts, "train", 8)
     _sts(sts, "dev", 5)
     out = tmp_path / "head-sts"
-    assert cli.main(["train-attention", "--sts", str(sts), "--dev-split", "dev", "--epochs", "1",
+    assert cli.main(["train-pooler", "--sts", str(sts), "--dev-split", "dev", "--epochs", "1",
                      "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["objective"] == "cosent" and summary["pairs"] == 8 and summary["dev_pairs"] == 5
@@ -50,7 +50,7 @@ def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypat
     assert "must not look at the test split" in capsys.readouterr().err
 
     beir = _beir(tmp_path / "beir")
-    assert cli.main(["train-attention", "--data", str(beir), "--epochs", "1", "--out", str(tmp_path / "head-beir"),
+    assert cli.main(["train-pooler", "--data", str(beir), "--epochs", "1", "--out", str(tmp_path / "head-beir"),
                      "--cache-dir", str(tmp_path / "cache")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["objective"] == "infonce" and summary["pairs"] == 8

@@ -1,7 +1,7 @@
 """The one interface of a FAISS collection's vector storage, whatever the kind.
 
-:class:`index.faiss_backend.FaissCollection` holds a :class:`VectorStore` -- a
-:class:`~index.single.SingleStore` (one FAISS index) or a :class:`~index.multi.MultiStore`
+:class:`index.faiss.FaissCollection` holds a :class:`VectorStore` -- a
+:class:`~index.faiss.single.SingleStore` (one FAISS index) or a :class:`~index.faiss.multi.MultiStore`
 (token segments + an optional token ANN index) -- and drives it through these methods only:
 load what a commit names, add and remove by internal id, write the files of the next commit,
 compact, report statistics. Searching is kind-specific (``search`` for single, ``exhaustive``/
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .spec import CollectionSpec
+from ..spec import CollectionSpec
 
 
 @dataclass

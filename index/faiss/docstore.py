@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .filters import Node, field_rows, to_sql
-from .lexical import FTS_SCHEMA, FTS_TABLE
+from ..filters import Node, field_rows, to_sql
+from ..lexical import FTS_SCHEMA, FTS_TABLE
 
 DB_NAME = "docs.sqlite"
 _CHUNK = 900  # bound on SQL parameters per statement

@@ -5,7 +5,7 @@ same commit as the documents they stand for (``CollectionSpec.companion_pooler``
 A document has one row (``companion_rows="document"``) or one or more (``"window"``: e.g. one
 per window of a long document, so that a passage deep inside a 30,000-token transcript still
 has a row of its own to be found by). The rows live in one FAISS index, a
-:class:`~index.single.SingleStore` (``companion_factory``), under the ids
+:class:`~index.faiss.single.SingleStore` (``companion_factory``), under the ids
 ``doc_int_id << ROW_BITS | row``; the multi-vector segments record how many rows each document
 has, so removing a document removes exactly its rows (or, in an index that cannot remove rows --
 HNSW -- leaves them dead until compaction: they are never returned). Candidates are the distinct
@@ -36,12 +36,12 @@ def row_ids(int_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def check_rows(counts: np.ndarray) -> None:
     if len(counts) and int(np.max(counts)) >= MAX_ROWS:
         raise InvalidError(f"a document has {int(np.max(counts))} companion rows; at most {MAX_ROWS - 1} "
-                           "are supported")
+                           "are supported", param="companion")
 
 
 class CompanionRows(SingleStore):
     """The companion index: rows keyed by :func:`row_ids`, committed as ``companion-<gen>.faiss``
-    (the ``companion_file`` meta key) and its deltas (``companion_deltas``, :mod:`index.single`)."""
+    (the ``companion_file`` meta key) and its deltas (``companion_deltas``, :mod:`index.faiss.single`)."""
 
     META_KEYS = ("companion_file", "companion_deltas")
     META_KEY = "companion_file"

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from .docstore import DB_NAME, DocStore
-from .durable import fsync_dir, fsync_path, now_iso, write_durable_bytes
+from ..durable import fsync_dir, fsync_path, now_iso, write_durable_bytes
 from embedpool.errors import ConflictError, NotFoundError
 from .locks import FileLock
-from .spec import MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
+from ..spec import MANIFEST, CollectionSpec, check_name, new_manifest, read_manifest
 
 LOCK_FILE = "writer.lock"  # flock held by the process that has uncommitted writes
 

@@ -1,4 +1,4 @@
-"""Per-pooler timings of the index job and the evaluation (``app.encoding.embed_by_plan``) come
+"""Per-pooler timings of the index job and the evaluation (``app.timed_embedding.embed_by_plan``) come
 from ``Embedder.embed``'s ``on_pool`` callback, so every pooler's own time is counted -- also
 the role-aware ones the pipeline calls through ``pool_role`` (attention, cluster queries), whose
 time a wrapper around ``pool`` never saw."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedpool.app.encoding import embed_by_plan
+from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.poolers import EmbedOptions
 from embedpool.poolers.base import REGISTRY
 
