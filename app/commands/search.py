@@ -41,12 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
     settings = from_args(args)
     with contextlib.ExitStack() as stack:
-        coll = stack.enter_context(open_collection(settings.data_dir, args.collection, **settings.store()))
+        coll = stack.enter_context(open_collection(settings.data_dir, args.collection, **settings.store(reads=True)))
         _require_documents(coll, args.collection)
         # BM25 alone embeds nothing: no model to load
         embedder = None if args.mode == "bm25" else load_embedder(from_args(args, model=_model_of(coll, args)))
         need = companion_name(coll.spec, args.mode, args.collection, args.vector_mode)
-        comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store())) if need else None
+        comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store(reads=True))) if need else None
         plan = Search(coll, embedder.natural_dim if embedder else coll.spec.dim, k=args.k, mode=args.mode, candidates=args.candidates,
                       k_token=args.k_token, companion=comp, filter=args.filter, vector_mode=args.vector_mode,
                       fusion=args.fusion, weight=args.weight)
