@@ -45,7 +45,7 @@ import numpy as np
 from embedpool.app.allocator import release_free_memory
 from embedpool.app.datasets import Record
 from embedpool.app.timed_embedding import embed_by_plan
-from embedpool.app.retrieval import resolve_companion
+from embedpool.app.retrieval import resolve_companion_pooler
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, NotFoundError
 from embedpool.index import CollectionSpec, bytes_per_vector, canonical_analyzer, open_collection
@@ -133,7 +133,8 @@ class Target:
     name: str
     multi: bool
     plan: str
-    companion: tuple[str, str] | None = None  # multi: (companion pooler spec, rows layout) it keeps
+    companion_pooler: str | None = None  # multi: the pooler of the companion it keeps (canonical spec)
+    companion_rows: str = "document"  # ... and its rows: one per document, or one per window
     coll: Any = None  # an index.CollectionBase
     committed: int = 0  # input records durably in the collection
     added: int = 0  # input records added (committed or not)
@@ -151,8 +152,8 @@ class IndexJob:
         name: collection name (``name`` for one pooler, ``name-<pooler>`` for several).
         poolers: pooler specs.
         source: a description of the corpus pinned in the job state (``CorpusSource.describe()``).
-        companion: pooler spec of the companion rows every multi-vector collection keeps for
-            ``two_stage`` candidates (:func:`app.retrieval.resolve_companion`: ``mean``,
+        companion_pooler: pooler spec of the companion every multi-vector collection keeps for
+            ``two_stage`` candidates (:func:`app.retrieval.resolve_companion_pooler`: ``mean``,
             ``fde:...``, a per-window form such as ``mean:per_window=true``, or ``auto``;
             ``None``: none), written with its documents in the same commits.
         commit_every: commit after this many input records (rounded up to whole calls).
@@ -173,7 +174,7 @@ class IndexJob:
     """
 
     def __init__(self, embedder, data_dir: str | os.PathLike, name: str, poolers: list[str], *,
-                 source: dict | None = None, companion: str | None = "auto", commit_every: int = 1000,
+                 source: dict | None = None, companion_pooler: str | None = "auto", commit_every: int = 1000,
                  commit_bytes: int = COMMIT_BYTES, batch_tokens: int = BATCH_TOKENS,
                  batch_docs: int = 256, factory: str = "IDMap2,Flat", storage_precision: str = "float32",
                  token_factory: str = "HNSW32", analyzer: str = "english", dimensions: int | None = None,
@@ -220,15 +221,18 @@ class IndexJob:
         for t in self.targets.values():  # every multi-vector collection keeps its companion rows
             if t.multi:
                 try:
-                    t.companion = resolve_companion(embedder, t.spec, companion)
+                    resolved = resolve_companion_pooler(embedder, t.spec, companion_pooler)
                 except InvalidError as e:
-                    raise InvalidError(f"--companion: {e}", param="--companion") from None
+                    raise InvalidError(f"--companion-pooler: {e}", param="--companion-pooler") from None
+                if resolved is not None:
+                    t.companion_pooler, t.companion_rows = resolved
         engine = {"model": embedder.model_id,
                   "encoder_precision": embedder.encoder.precision,
                   "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
+            # the job state's key stays "companion": a job started before the rename resumes
             t.settings = {"source": source or {}, **engine, "pooler": t.spec,
-                          **({"companion": t.companion[0]} if t.companion else {})}
+                          **({"companion": t.companion_pooler} if t.companion_pooler else {})}
         self.engine: dict[str, Any] = {"engine": "in-process"}  # where embedding ran (set by an engine)
         self.records_read = 0
         self.records_indexed = 0
@@ -242,9 +246,9 @@ class IndexJob:
         common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
                       encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
         if t.multi:
-            comp = {} if t.companion is None else dict(
-                companion_pooler=t.companion[0], companion_rows=t.companion[1],
-                companion_dim=self.embedder.output_dim(t.companion[0], self.options.dimensions),
+            comp = {} if t.companion_pooler is None else dict(
+                companion_pooler=t.companion_pooler, companion_rows=t.companion_rows,
+                companion_dim=self.embedder.output_dim(t.companion_pooler, self.options.dimensions),
                 companion_factory=self.index_settings["factory"])
             return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
                                   token_factory=self.index_settings["token_factory"], **comp, **common)
@@ -436,7 +440,7 @@ class IndexJob:
                 sel = [i for i, p in enumerate(block.positions) if p >= t.added]
                 if sel and block.vectors is not None:
                     vec = [block.vectors[t.spec][i] for i in sel]
-                    comp = None if t.companion is None else [block.vectors[t.companion[0]][i] for i in sel]
+                    comp = None if t.companion_pooler is None else [block.vectors[t.companion_pooler][i] for i in sel]
                     t.coll.add([block.ids[i] for i in sel], vec if t.multi else np.stack(vec),
                                texts=[block.texts[i] for i in sel] if self.store_text else None,
                                metadata=[block.metadata[i] for i in sel],
@@ -487,7 +491,7 @@ class IndexJob:
             st = t.coll.stats() if t.coll is not None else {}
             rows.append({"pooler": t.label, "spec": t.spec, "collection": t.name,
                          "kind": "multi" if t.multi else "single",
-                         "companion": t.companion[0] if t.companion else None,
+                         "companion_pooler": t.companion_pooler,
                          "documents": st.get("documents"), "vectors": st.get("vectors"),
                          "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),
                          "location": st.get("location"),
@@ -505,7 +509,7 @@ class IndexJob:
 def _specs(targets: Iterable[Target]) -> list[str]:
     """The pooler specs the targets need embedded: their own and their companions'."""
     targets = list(targets)
-    return list(dict.fromkeys([t.spec for t in targets] + [t.companion[0] for t in targets if t.companion]))
+    return list(dict.fromkeys([t.spec for t in targets] + [t.companion_pooler for t in targets if t.companion_pooler]))
 
 
 # Recorded in the job state but not compared on resume: vectors of fp32 and of any encoder path
@@ -666,6 +670,6 @@ def format_summary(s: dict[str, Any]) -> str:
             + (f"; {s['bytes_on_disk'] / 1e6:.1f} MB on disk in {s['data_dir']}"
                if all(r["bytes_on_disk"] is not None for r in s["collections"]) else
                f"; in {s['collections'][0]['location']}"))
-    cols = ["collection", "pooler", "companion", "kind", "documents", "vectors", "bytes_per_doc", "bytes_on_disk",
-            "encode_seconds"]
+    cols = ["collection", "pooler", "companion_pooler", "kind", "documents", "vectors", "bytes_per_doc",
+            "bytes_on_disk", "encode_seconds"]
     return head + "\n" + render_table(cols, [[r[c] for c in cols] for r in s["collections"]])

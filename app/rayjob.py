@@ -170,7 +170,7 @@ class EmbedWorker:
             if not sel:
                 continue
             vec = [block.vectors[spec][i] for i in sel]
-            comp = None if t["companion"] is None else [block.vectors[t["companion"]][i] for i in sel]
+            comp = None if t["companion_pooler"] is None else [block.vectors[t["companion_pooler"]][i] for i in sel]
             coll.add([block.ids[i] for i in sel], vec if t["multi"] else np.stack(vec),
                      texts=[block.texts[i] for i in sel] if self.write["store_text"] else None,
                      metadata=[block.metadata[i] for i in sel], model=self.write["model"], pooler=spec,
@@ -290,9 +290,10 @@ def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, ad
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
     import_extra("ray", "ray", "--engine ray")
     if source.is_stdin:
-        raise InvalidError("--engine ray reads the corpus on the workers: give it as a file, not stdin")
+        raise InvalidError("--engine ray reads the corpus on the workers: give it as a file, not stdin",
+                           param="--engine")
     if workers < 1:
-        raise InvalidError("--workers must be >= 1")
+        raise InvalidError("--workers must be >= 1", param="--workers")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
     engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}
@@ -329,7 +330,7 @@ def _worker_writes(job: IndexJob) -> dict | None:
     return {"data_dir": str(job.data_dir), "where": job.where, "store_text": job.store_text,
             "model": job.embedder.model_id,
             "targets": {t.spec: {"name": t.name, "added": t.added, "multi": t.multi,
-                                 "companion": t.companion[0] if t.companion else None} for t in targets}}
+                                 "companion_pooler": t.companion_pooler} for t in targets}}
 
 
 def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: dict, engine_settings: dict,

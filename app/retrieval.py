@@ -4,10 +4,9 @@ Three small pieces, as PyLate's ``retrieve/`` and ``rank/``:
 
 1. **What to embed** (:func:`collection_embedding`): a query for a collection is embedded with the
    pooler, normalization and Matryoshka dimensions the collection's manifest records, as a
-   ``query``. A two_stage search also embeds the query for the companion: the companion pooler
-   the collection records (a collection that keeps its companion rows,
-   :func:`companion_embedding`), or the pooler of a separate companion collection, by *its*
-   manifest (its pooler, its normalization, its dimensions). Documents written to a collection
+   ``query``. A two_stage search also embeds the query for the companion -- the single vectors a
+   multi-vector collection keeps for its candidates -- with the companion pooler the collection
+   records (:func:`companion_embedding`). Documents written to a collection
    are embedded the same way in role ``document`` (:func:`document_embeddings`). Embeddings that share options
    come from one ``embed`` call, so one forward pass per tokenization plan
    (:func:`embedding_calls`, :func:`embed_texts`, :func:`aembed_texts` for the server's
@@ -32,7 +31,7 @@ import numpy as np
 
 from embedpool.errors import InvalidError
 from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
-                             maxsim_scores, parse_filter)
+                             companion_refusal, maxsim_scores, parse_filter)
 from embedpool.poolers import EmbedOptions, build_pooler
 
 
@@ -75,29 +74,29 @@ def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], 
                                                dimensions=None if spec.dim == model_dim else spec.dim))
 
 
-#: the companion a multi-vector collection gets when none is named: one ``mean`` row per window
-#: of a document for a pooler that windows long documents, else one ``mean`` per document
+#: the companion pooler a multi-vector collection gets when none is named: one ``mean`` row per
+#: window of a document for a pooler that windows long documents, else one ``mean`` per document
 AUTO_COMPANION = "auto"
 
 
-def resolve_companion(embedder, pooler: str, companion: str | None) -> tuple[str, str] | None:
+def resolve_companion_pooler(embedder, pooler: str, companion_pooler: str | None) -> tuple[str, str] | None:
     """``(canonical pooler spec, rows layout)`` of the companion a multi-vector collection of
-    ``pooler`` keeps for ``two_stage`` candidates (``companion``: a single-vector pooler spec --
-    ``mean``, ``fde:...`` -- or its per-window form -- ``mean:per_window=true`` --, ``auto``, or
-    ``None`` for none). Rows are ``window`` for a per-window pooler (one per window of a
-    document), else ``document``."""
-    if companion is None:
+    ``pooler`` keeps for ``two_stage`` candidates (``companion_pooler``: a single-vector pooler
+    spec -- ``mean``, ``fde:...`` -- or its per-window form -- ``mean:per_window=true`` --,
+    ``auto``, or ``None`` for none). Rows are ``window`` for a per-window pooler (one per window
+    of a document), else ``document``."""
+    if companion_pooler is None:
         return None
-    if companion == AUTO_COMPANION:
+    if companion_pooler == AUTO_COMPANION:
         windows = embedder.pooler(pooler).plan.kind != "standard"
-        companion = "mean:per_window=true" if windows else "mean"
-    cp = embedder.pooler(companion)
+        companion_pooler = "mean:per_window=true" if windows else "mean"
+    cp = embedder.pooler(companion_pooler)
     per_window = bool(getattr(cp, "per_window", False))
     if cp.multi_vector and not per_window:
         raise InvalidError(
-            f"companion pooler {companion!r} gives several vectors per text; a companion is a single-vector "
+            f"companion pooler {companion_pooler!r} gives several vectors per text; a companion is a single-vector "
             "pooler (mean, fde) or its per-window form (mean:per_window=true: one row per window of a document)",
-            param="companion")
+            param="companion_pooler")
     return cp.spec, ("window" if per_window else "document")
 
 
@@ -130,19 +129,6 @@ def vector_mode(mode: str, hybrid_mode: str = "exhaustive") -> str | None:
                                f"{', '.join(SEARCH_MODES)}", param="vector_mode")
         return hybrid_mode
     return mode
-
-
-def companion_name(spec: CollectionSpec, mode: str, name: str = "", hybrid_mode: str = "exhaustive") -> str | None:
-    """The separate companion collection a search in ``mode`` needs (``None``: none, or the
-    collection keeps its companion rows itself)."""
-    mode = vector_mode(mode, hybrid_mode)
-    if spec.kind != "multi" or mode != "two_stage" or spec.companion_pooler is not None:
-        return None
-    if not spec.companion:
-        raise InvalidError(f"mode: collection {name!r} has no companion for two_stage; create it with one "
-                           "(the 'companion' pooler of POST /collections, --companion of embedpool index), or "
-                           "use mode 'exhaustive' or 'tokens'", param="mode")
-    return spec.companion
 
 
 def embedding_calls(embeddings: Iterable[Embedding]) -> list[tuple[EmbedOptions, list[str]]]:
@@ -192,9 +178,6 @@ class Search:
             ``Embedder.natural_dim``: the size of a pooler's vectors before any truncation.
         mode / candidates / k_token: multi-vector candidate generation (see
             :meth:`index.CollectionBase.search`); ignored for single-vector collections.
-        companion: the open companion collection of a ``two_stage`` search on a collection
-            that names a separate one (see :func:`companion_name`); a collection that keeps its
-            companion rows needs none.
         k: results per query.
         filter: a metadata filter (:mod:`index.filters`), applied inside the search.
         vector_mode / fusion / weight: ``hybrid``: the vector mode fused with BM25 (multi-vector
@@ -208,7 +191,6 @@ class Search:
     mode: str = "exhaustive"
     candidates: int = 100
     k_token: int = 32
-    companion: CollectionBase | None = None
     filter: Any = None
     vector_mode: str = "exhaustive"
     fusion: str = "rrf"
@@ -223,18 +205,12 @@ class Search:
         if self.mode == "hybrid" and self.weight == 0:
             vmode = None  # BM25 alone: nothing to embed
         self._vmode = vmode
-        need = None if vmode is None else companion_name(self.collection.spec, vmode, self.collection.name)
-        if need is None:
-            self.companion = None
-        elif self.companion is None:
-            raise InvalidError(f"mode two_stage on {self.collection.name!r} needs its companion "
-                               f"collection {need!r} opened", param="mode")
         spec = self.collection.spec
+        if vmode == "two_stage" and self.multi and spec.companion_pooler is None:
+            raise companion_refusal(self.collection.name, self.collection.manifest)  # before anything is embedded
         self.query = None if vmode is None else collection_embedding(spec, self.model_dim)
-        own = vmode == "two_stage" and self.multi and spec.companion_pooler is not None
-        self.companion_query = (companion_embedding(spec, self.model_dim) if own else
-                                None if self.companion is None else
-                                collection_embedding(self.companion.spec, self.model_dim))
+        self.companion_query = companion_embedding(spec, self.model_dim) if vmode == "two_stage" and self.multi \
+            else None
 
     @property
     def multi(self) -> bool:
@@ -272,8 +248,7 @@ class Search:
         if self.companion_query is not None:
             # a per-window companion pooler gives a query one row ([1, D]): its vector
             cq = np.stack([np.asarray(v).reshape(-1, np.shape(v)[-1])[0] for v in take(vectors[self.companion_query])])
-            kw.update(candidates=self.candidates, companion=self.companion,
-                      companion_pooler=self.companion_query.pooler, companion_queries=cq)
+            kw.update(candidates=self.candidates, companion_pooler=self.companion_query.pooler, companion_queries=cq)
             if not self.lexical:
                 kw["mode"] = "two_stage"
         return self.collection.search(q, k_token=self.k_token, **kw)

@@ -126,12 +126,12 @@ def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | N
             name, _, path = value.partition("=")
             name, path = name.strip(), path.strip()
             if not name or not path:
-                raise InvalidError(f"--model {value!r}: use NAME=PATH_OR_ID or PATH_OR_ID")
+                raise InvalidError(f"--model {value!r}: use NAME=PATH_OR_ID or PATH_OR_ID", param="--model")
         else:
             path = value or None
             name = Path(value).name if value else "all-MiniLM-L6-v2"
         if name in (n for n, _ in out):
-            raise InvalidError(f"--model: two models are named {name!r}; name them (NAME=PATH_OR_ID)")
+            raise InvalidError(f"--model: two models are named {name!r}; name them (NAME=PATH_OR_ID)", param="--model")
         out.append((name, path))
     return out
 

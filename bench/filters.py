@@ -1,7 +1,7 @@
 """Filtered search latency at 1%, 10% and 100% selectivity on 100k and 1M documents (issue 33).
 
 Vectors are ``bench/million.py``'s (real SciFact documents pooled by the real model, recombined
-by :mod:`index.synthetic`; run ``bench/million.py encode`` once), with synthetic metadata:
+by ``tests/synthetic_corpus.py``; run ``bench/million.py encode`` once), with synthetic metadata:
 document ``j`` has ``{"tenant": "t<j % 100>", "group": j % 10, "year": 2000 + j % 25}``, so
 ``{"tenant": "t7"}`` keeps 1%, ``{"group": 3}`` 10% and ``{"year": {"$gte": 2000}}`` 100%.
 Queries are the real SciFact test queries (``mean``), one per call, ``k = 10``.
@@ -129,7 +129,7 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=50)
     args = ap.parse_args()
     from embedpool.index import open_collection
-    from embedpool.index.synthetic import SyntheticCorpus
+    from synthetic_corpus import SyntheticCorpus  # tests/, on the path through million
 
     docs, q_tokens, q_mean, _, model = load_sources()
     corpus = SyntheticCorpus(docs, seed=0)

@@ -24,8 +24,8 @@ Milvus part (``--backend milvus``; issue 7): FAISS and Milvus side by side on Sc
 Lite in a temp file, or ``--milvus-uri``): mean-pooled single vectors in FAISS ``IDMap2,Flat`` and
 Milvus ``FLAT`` (nDCG@10 and its difference, add throughput in vectors/s, one-query-per-call
 latency p50/p99); multi-vector collections (``--multi-pooler``, one row per vector in Milvus) with
-exact MaxSim in embedpool, exhaustive and ``two_stage`` (companion in the same backend and in the
-other one); and a probe of Milvus' own multi-vector MaxSim (Array of Structs + MAX_SIM_IP).
+exact MaxSim in embedpool, exhaustive and ``two_stage`` (the mean companion each collection keeps,
+in its own backend); and a probe of Milvus' own multi-vector MaxSim (Array of Structs + MAX_SIM_IP).
 Reads the embedding cache only (never encodes). Writes ``bench/results/index_milvus.json``
 (marked ``partial`` until the run completes) and prints a Markdown table.
 
@@ -183,18 +183,14 @@ def synth_tokens(rng, n_docs: int, dim: int, lo: int, hi: int, n_q: int, q_token
 def bench_maxsim(root: Path, n_docs: int, dim: int, n_q: int, candidates: list[int], rng) -> dict:
     docs, queries = synth_tokens(rng, n_docs, dim, 32, 128, n_q, 16)
     ids = [f"d{i}" for i in range(n_docs)]
-    pooled = FaissCollection.create(root, "pooled", CollectionSpec(kind="single", dim=dim))
-    pooled.add(ids, unit(np.stack([d.mean(0) for d in docs])))
-    pooled.commit()
+    means = unit(np.stack([d.mean(0) for d in docs]))  # the companion every collection keeps
     cq = unit(np.stack([q.mean(0) for q in queries]))
     out = {"documents": n_docs, "dim": dim, "tokens": int(sum(len(d) for d in docs)),
            "queries": n_q, "query_tokens": 16, "precisions": {}}
     for precision in ("float32", "float16", "int8"):
-        coll = FaissCollection.create(root, f"multi-{precision}",
-                                 CollectionSpec(kind="multi", dim=dim, precision=precision, companion="pooled"))
-        for s in range(0, n_docs, 1000):
-            coll.add(ids[s:s + 1000], docs[s:s + 1000])
-        coll.commit()
+        coll = FaissCollection.create(root, f"multi-{precision}", CollectionSpec(
+            kind="multi", dim=dim, precision=precision, companion_pooler="mean", companion_dim=dim))
+        _add_all(coll, ids, docs, 1000, companion=means)
         res = {"bytes_per_doc": round(coll.stats()["bytes_per_doc"], 1)}
         coll.search(queries[:1], k=10)  # warm-up
         exact, lat = [], []
@@ -217,7 +213,6 @@ def bench_maxsim(root: Path, n_docs: int, dim: int, n_q: int, candidates: list[i
                                      "speedup_p50": round(res["exhaustive"]["p50_ms"] / max(pct(lat)["p50_ms"], 1e-9), 1)}
         out["precisions"][precision] = res
         coll.close()
-    pooled.close()
     return out
 
 
@@ -242,10 +237,12 @@ def _slug(pooler: str) -> str:
     return pooler.replace("cluster:pool_factor=", "cluster-pf")
 
 
-def _add_all(coll, ids, vectors, step: int) -> float:
+def _add_all(coll, ids, vectors, step: int, companion=None) -> float:
+    """Add every document ``step`` at a time (``companion``: the companion vectors of a collection
+    that keeps one), then commit; the seconds it took."""
     t0 = time.perf_counter()
     for s in range(0, len(ids), step):
-        coll.add(ids[s:s + step], vectors[s:s + step])
+        coll.add(ids[s:s + step], vectors[s:s + step], companion=None if companion is None else companion[s:s + step])
     coll.commit()
     return time.perf_counter() - t0
 
@@ -270,8 +267,9 @@ def bench_scifact(root: Path, docs: int | None, encode_threads: int, latency_que
         for precision in STORAGE_PRECISIONS:
             name = f"{_slug(pooler)}-{precision}"
             coll = FaissCollection.create(root, name, CollectionSpec(
-                kind="multi", model=MODEL, pooler=pooler, dim=384, precision=precision, companion="mean"))
-            t_add = _add_all(coll, sf.doc_ids, vecs, 500)
+                kind="multi", model=MODEL, pooler=pooler, dim=384, precision=precision, companion_pooler="mean",
+                companion_dim=384))
+            t_add = _add_all(coll, sf.doc_ids, vecs, 500, companion=mean_docs)
             st = coll.stats()
             row = {"pooler": pooler, "precision": precision, "vectors": st["vectors"],
                    "vectors_per_doc": round(st["vectors"] / st["documents"], 1),
@@ -427,7 +425,7 @@ def _cache_only(cache) -> None:
 def _milvus_single(colls: dict, root: Path, kw: dict, sf, q_mean: np.ndarray, mean_docs: np.ndarray,
                    log) -> dict:
     """Mean-pooled single vectors in FAISS ``IDMap2,Flat`` and Milvus ``FLAT``, side by side
-    (the collections stay open in ``colls``: they are the multi-vector part's companions)."""
+    (the collections stay open in ``colls``: the Milvus one is the layout-1 emulation's companion)."""
     qids = sf.query_ids
     spec = CollectionSpec(kind="single", model=MODEL, pooler="mean", dim=384)
     out: dict = {}
@@ -459,13 +457,13 @@ def _milvus_single(colls: dict, root: Path, kw: dict, sf, q_mean: np.ndarray, me
     return out
 
 
-def _milvus_multi_backend(coll, vecs, colls: dict, backend: str, other: str, sf, q_tokens, q_mean,
+def _milvus_multi_backend(coll, vecs, mean_docs, backend: str, sf, q_tokens, q_mean,
                           nq: int, nl: int, candidates: int, log) -> dict:
-    """One backend's multi-vector collection: exhaustive MaxSim, then two_stage with the
-    companion in the same and in the other backend."""
+    """One backend's multi-vector collection: exhaustive MaxSim, then two_stage with the mean
+    companion it keeps (in its own backend)."""
     qids = sf.query_ids
     sub = {qq: sf.qrels[qq] for qq in qids[:nq]}
-    t_add = _add_all(coll, sf.doc_ids, vecs, 250)
+    t_add = _add_all(coll, sf.doc_ids, vecs, 250, companion=mean_docs)
     n_vec = coll.stats()["vectors"]
     row = {"vectors": n_vec, "add_s": round(t_add, 2), "add_vectors_per_s": round(n_vec / t_add, 1)}
     t0 = time.perf_counter()
@@ -474,20 +472,18 @@ def _milvus_multi_backend(coll, vecs, colls: dict, backend: str, other: str, sf,
         ex.update(zip(qids[s0:min(s0 + 100, nq)], coll.search(q_tokens[s0:min(s0 + 100, nq)], k=10)))
     row["exhaustive"] = {"ndcg@10": ndcg10(sub, ex),
                          "ms_per_query_batched": round(1000 * (time.perf_counter() - t0) / nq, 1)}
-    for comp_backend in (backend, other):
-        comp = colls[comp_backend]
 
-        def two_stage(a: int, b: int, comp=comp) -> list[list]:
-            return coll.search(q_tokens[a:b], k=10, mode="two_stage", candidates=candidates,
-                               companion=comp, companion_queries=q_mean[a:b])
+    def two_stage(a: int, b: int) -> list[list]:  # candidates from the collection's own mean companion
+        return coll.search(q_tokens[a:b], k=10, mode="two_stage", candidates=candidates,
+                           companion_queries=q_mean[a:b])
 
-        two_stage(0, 1)  # warm-up
-        hits = [h for s0 in range(0, nq, 25) for h in two_stage(s0, min(s0 + 25, nq))]
-        _, lat = _lat(lambda i: two_stage(i, i + 1), nl)
-        t = row[f"two_stage_companion_{comp_backend}"] = {
-            "ndcg@10": ndcg10(sub, dict(zip(qids, hits))), **pct(lat), "top10": [[h.id for h in r] for r in hits]}
-        log(f"{backend} multi, two_stage with {comp_backend} companion: nDCG@10 {t['ndcg@10']}, "
-            f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
+    two_stage(0, 1)  # warm-up
+    hits = [h for s0 in range(0, nq, 25) for h in two_stage(s0, min(s0 + 25, nq))]
+    _, lat = _lat(lambda i: two_stage(i, i + 1), nl)
+    t = row[f"two_stage_companion_{backend}"] = {
+        "ndcg@10": ndcg10(sub, dict(zip(qids, hits))), **pct(lat), "top10": [[h.id for h in r] for r in hits]}
+    log(f"{backend} multi, two_stage with {backend} companion: nDCG@10 {t['ndcg@10']}, "
+        f"p50 {t['p50_ms']} ms, p99 {t['p99_ms']} ms")
     log(f"{backend} multi: {n_vec:,} vectors, add {t_add:.1f} s, exhaustive nDCG@10 {row['exhaustive']['ndcg@10']}")
     return row
 
@@ -523,21 +519,22 @@ def _milvus_layout1(colls: dict, uri: str, token: str | None, sf, vecs, q_tokens
         old.close()
 
 
-def _milvus_multi(colls: dict, root: Path, kw: dict, sf, vecs, q_tokens, q_mean, multi_pooler: str,
+def _milvus_multi(colls: dict, root: Path, kw: dict, sf, vecs, mean_docs, q_tokens, q_mean, multi_pooler: str,
                   multi_queries: int | None, candidates: int, latency_queries: int, log,
                   keep_server_clean: bool) -> dict:
     """Multi-vector collections (one row per vector in Milvus; candidates from the backend,
     exact MaxSim in embedpool) on both backends, and how far they agree."""
     qids = sf.query_ids
-    mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion="bench-mean")
+    mspec = CollectionSpec(kind="multi", model=MODEL, pooler=multi_pooler, dim=384, companion_pooler="mean",
+                           companion_dim=384)
     nq = len(qids) if multi_queries is None else min(multi_queries, len(qids))
     nl = min(latency_queries, nq)
     multi = {"pooler": multi_pooler, "precision": "float32", "candidates": candidates, "queries": nq,
              "latency_queries": nl}
-    for backend, other in (("faiss", "milvus"), ("milvus", "faiss")):
+    for backend in ("faiss", "milvus"):
         coll = open_collection(root, "bench-multi", mspec, **kw[backend])
         try:
-            multi[backend] = _milvus_multi_backend(coll, vecs, colls, backend, other, sf, q_tokens, q_mean,
+            multi[backend] = _milvus_multi_backend(coll, vecs, mean_docs, backend, sf, q_tokens, q_mean,
                                                    nq, nl, candidates, log)
         finally:
             coll.close()
@@ -546,8 +543,7 @@ def _milvus_multi(colls: dict, root: Path, kw: dict, sf, vecs, q_tokens, q_mean,
     multi["milvus_layout1"] = _milvus_layout1(colls, kw["milvus"]["milvus_uri"], kw["milvus"]["milvus_token"], sf,
                                               vecs, q_tokens, q_mean, nq, nl, candidates, log)
     top_old = multi["milvus_layout1"]["two_stage_companion_milvus"].pop("top10")
-    tops = [multi[b][f"two_stage_companion_{c}"].pop("top10") for b in ("faiss", "milvus")
-            for c in ("faiss", "milvus")]
+    tops = [multi[b][f"two_stage_companion_{b}"].pop("top10") for b in ("faiss", "milvus")]
     multi["layout1_same_top10_queries_as_faiss"] = sum(a == b for a, b in zip(top_old, tops[0]))
     new, f = multi["milvus"]["two_stage_companion_milvus"], multi["faiss"]["two_stage_companion_faiss"]
     multi["layout2_vs_layout1_p50_speedup"] = round(multi["milvus_layout1"]["two_stage_companion_milvus"]["p50_ms"]
@@ -558,7 +554,7 @@ def _milvus_multi(colls: dict, root: Path, kw: dict, sf, vecs, q_tokens, q_mean,
                                          - multi["faiss"]["two_stage_companion_faiss"]["ndcg@10"], 4)
     multi["exhaustive_ndcg_diff"] = round(multi["milvus"]["exhaustive"]["ndcg@10"]
                                           - multi["faiss"]["exhaustive"]["ndcg@10"], 4)
-    multi["two_stage_same_top10_queries_all_4_combinations"] = sum(
+    multi["two_stage_same_top10_queries_both_backends"] = sum(
         all(t[i] == tops[0][i] for t in tops) for i in range(nq))
     return multi
 
@@ -567,8 +563,8 @@ def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_to
                  multi_pooler: str, multi_queries: int | None, candidates: int, latency_queries: int,
                  log=print, checkpoint=lambda out: None) -> dict:
     """FAISS vs Milvus on SciFact: single vectors (FAISS ``IDMap2,Flat`` vs Milvus ``FLAT``), then
-    multi-vector collections (one row per vector; exhaustive and two_stage MaxSim in embedpool),
-    two_stage also with the companion in the other backend. Multi-vector nDCG@10 comes from batched
+    multi-vector collections (packed rows; exhaustive and two_stage MaxSim in embedpool, two_stage
+    from the mean companion each keeps). Multi-vector nDCG@10 comes from batched
     searches over all queries, latency from the first ``latency_queries`` one per call.
     ``checkpoint(out)`` after each part."""
     sf, cache, sd = _scifact(docs, 1)
@@ -585,8 +581,9 @@ def bench_milvus(root: Path, docs: int | None, milvus_uri: str | None, milvus_to
         out["single"] = _milvus_single(colls, root, kw, sf, q_mean, mean_docs, log)
         checkpoint(out)
         vecs = sd.scifact_docs(sf, cache, (multi_pooler,))[multi_pooler]
-        out["multi"] = _milvus_multi(colls, root, kw, sf, vecs, q_tokens, q_mean, multi_pooler, multi_queries,
-                                     candidates, latency_queries, log, keep_server_clean=milvus_uri is not None)
+        out["multi"] = _milvus_multi(colls, root, kw, sf, vecs, mean_docs, q_tokens, q_mean, multi_pooler,
+                                     multi_queries, candidates, latency_queries, log,
+                                     keep_server_clean=milvus_uri is not None)
         checkpoint(out)
         out["native_maxsim"] = probe_native_maxsim(uri, milvus_token)
         log(f"native MaxSim: {out['native_maxsim']}")
@@ -606,13 +603,11 @@ def milvus_markdown(out: dict) -> str:
              f"{s[b]['ndcg@10']:.4f}", "", s[b]["per_query_k10"]["p50_ms"], s[b]["per_query_k10"]["p99_ms"]]
             for b in ("faiss", "milvus")]
     for b in ("faiss", "milvus"):
-        for c in ("faiss", "milvus"):
-            t = m[b][f"two_stage_companion_{c}"]
-            rows.append([f"multi ({m['pooler']}), two_stage N={m['candidates']}",
-                         f"{'FAISS' if b == 'faiss' else 'Milvus packed rows'} + {c} companion", f"{m[b]['vectors']:,}" if b == c else "",
-                         f"{m[b]['add_vectors_per_s']:,.0f}" if b == c else "",
-                         f"{t['ndcg@10']:.4f}", f"{m[b]['exhaustive']['ndcg@10']:.4f}" if b == c else "",
-                         t["p50_ms"], t["p99_ms"]])
+        t = m[b][f"two_stage_companion_{b}"]
+        rows.append([f"multi ({m['pooler']}), two_stage N={m['candidates']}",
+                     f"{'FAISS' if b == 'faiss' else 'Milvus packed rows'} + its {b} companion", f"{m[b]['vectors']:,}",
+                     f"{m[b]['add_vectors_per_s']:,.0f}", f"{t['ndcg@10']:.4f}", f"{m[b]['exhaustive']['ndcg@10']:.4f}",
+                     t["p50_ms"], t["p99_ms"]])
     if "milvus_layout1" in m:
         o = m["milvus_layout1"]
         t = o["two_stage_companion_milvus"]
@@ -633,8 +628,8 @@ def milvus_markdown(out: dict) -> str:
         f"{'met' if s['target_equal_within_0.002'] else 'NOT met'}); identical top-10 lists for "
         f"{s['same_top10_queries']}/{out['queries']} queries.",
         f"- multi-vector nDCG@10 difference milvus - faiss: two_stage {m['two_stage_ndcg_diff']:+.4f}, "
-        f"exhaustive {m['exhaustive_ndcg_diff']:+.4f}; identical two_stage top-10 lists in all four "
-        f"backend combinations for {m['two_stage_same_top10_queries_all_4_combinations']}/{m['queries']} queries.",
+        f"exhaustive {m['exhaustive_ndcg_diff']:+.4f}; identical two_stage top-10 lists in both "
+        f"backends for {m['two_stage_same_top10_queries_both_backends']}/{m['queries']} queries.",
         *([f"- two_stage p50, Milvus packed rows (layout 2) vs one row per vector (layout 1): "
            f"{m['layout2_vs_layout1_p50_speedup']}x faster; layout 1 top-10 = FAISS top-10 for "
            f"{m['layout1_same_top10_queries_as_faiss']}/{m['queries']} queries. Target layout-2 p50 <= 50 ms at "

@@ -42,52 +42,65 @@ def fde_vectors(spec: str, sets: list[np.ndarray], role: str) -> np.ndarray:
     return unit(np.concatenate([pooler.encode_sets(sets[s:s + 256], role) for s in range(0, len(sets), 256)]))
 
 
-def _single(root: Path, name: str, pooler: str, x: np.ndarray, ids: list[str]) -> FaissCollection:
-    c = FaissCollection.create(root, name, CollectionSpec(kind="single", model=MODEL, pooler=pooler, dim=x.shape[1]))
-    c.add(ids, x)
-    c.commit()
-    return c
-
-
-def _multi(root: Path, name: str, pooler: str, sets: list[np.ndarray], ids: list[str]) -> FaissCollection:
-    c = FaissCollection.create(root, name, CollectionSpec(kind="multi", model=MODEL, pooler=pooler, dim=384))
+def _multi(root: Path, name: str, pooler: str, sets: list[np.ndarray], ids: list[str],
+           companion: tuple[str, np.ndarray] | None = None) -> FaissCollection:
+    """A multi-vector collection of ``sets``; ``companion``: the ``(pooler spec, [n, d] vectors)``
+    it keeps for two_stage candidates."""
+    comp = {} if companion is None else {"companion_pooler": companion[0], "companion_dim": companion[1].shape[1]}
+    c = FaissCollection.create(root, name, CollectionSpec(kind="multi", model=MODEL, pooler=pooler, dim=384, **comp))
     for s in range(0, len(ids), 500):
-        c.add(ids[s:s + 500], sets[s:s + 500])
+        c.add(ids[s:s + 500], sets[s:s + 500], companion=None if companion is None else companion[1][s:s + 500])
     c.commit()
     return c
+
+
+def _two_stage(root: Path, pooler: str, sets: list[np.ndarray], ids: list[str], companion: tuple[str, np.ndarray],
+               run):
+    """``run(coll)`` on the documents in a collection keeping ``companion``, deleted afterwards."""
+    coll = _multi(root, "two-stage", pooler, sets, ids, companion)
+    try:
+        return run(coll)
+    finally:
+        coll.close()
+        delete_collection(root, "two-stage")
 
 
 def _pct(ms: list[float]) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2)}
 
 
-def candidates_table(coll, qids, q_tokens, qrels, companions: dict, ns, latency_queries: int, ndcg10) -> dict:
-    """Exhaustive MaxSim, then two_stage per companion and N: recall of the exhaustive top-10 and
-    nDCG@10; latency one query per call at the N closest to 100."""
+def candidates_table(root: Path, coll, sets, ids, qids, q_tokens, qrels, companions: dict, ns, latency_queries: int,
+                     ndcg10) -> dict:
+    """Exhaustive MaxSim (``coll``), then two_stage per companion and N: recall of the exhaustive
+    top-10 and nDCG@10; latency one query per call at the N closest to 100. ``companions``: name ->
+    (pooler spec, the documents' vectors, the queries'); each is kept by a collection of ``sets``."""
     exact = {}
     for s in range(0, len(qids), 50):
         exact.update(zip(qids[s:s + 50], coll.search(q_tokens[s:s + 50], k=10)))
     out = {"exhaustive_ndcg@10": ndcg10(qrels, exact), "companions": {}}
     n_lat = min(ns, key=lambda n: abs(n - 100))
-    for cname, (comp, cq) in companions.items():
+
+    def table(two, cq) -> dict:
         rows = {}
         for n in ns:
             hits = {}
             for s in range(0, len(qids), 50):
-                hits.update(zip(qids[s:s + 50], coll.search(q_tokens[s:s + 50], k=10, mode="two_stage",
-                                                            candidates=n, companion=comp,
-                                                            companion_queries=cq[s:s + 50])))
+                hits.update(zip(qids[s:s + 50], two.search(q_tokens[s:s + 50], k=10, mode="two_stage",
+                                                           candidates=n, companion_queries=cq[s:s + 50])))
             rec = np.mean([len({h.id for h in hits[q]} & {h.id for h in exact[q]}) / max(len(exact[q]), 1)
                            for q in qids])
             rows[n] = {"recall_of_exhaustive_top10": round(float(rec), 4), "ndcg@10": ndcg10(qrels, hits)}
         lat = []
         for i in range(min(latency_queries, len(qids))):
             t0 = time.perf_counter()
-            coll.search([q_tokens[i]], k=10, mode="two_stage", candidates=n_lat, companion=comp,
-                        companion_queries=cq[i:i + 1])
+            two.search([q_tokens[i]], k=10, mode="two_stage", candidates=n_lat, companion_queries=cq[i:i + 1])
             lat.append(1000 * (time.perf_counter() - t0))
         rows["latency"] = {"candidates": n_lat, **_pct(lat)}
-        out["companions"][cname] = rows
+        return rows
+
+    for cname, (spec, docs, cq) in companions.items():
+        out["companions"][cname] = _two_stage(root, coll.spec.pooler, sets, ids, (spec, docs),
+                                              lambda two, cq=cq: table(two, cq))
     return out
 
 
@@ -148,34 +161,27 @@ def bench_fde(root: Path, sf, cache, ndcg10, latency_queries: int, sweep: bool, 
     fde_seconds = time.perf_counter() - t0
     out.update(fde=fde_spec, fde_dim=int(q_fde.shape[1]),
                fde_encode_docs_per_s=round(len(sf.doc_ids) / fde_seconds, 1))
-    mean = _single(root, "c-mean", "mean", np.stack(d["mean"]), sf.doc_ids)
-    fde_t = _single(root, "c-fde-tokens", fde_spec, fde_tokens, sf.doc_ids)
-    fde_c = _single(root, "c-fde-cluster", fde_spec, fde_vectors(fde_spec, d["cluster:pool_factor=4"], "document"),
-                    sf.doc_ids)
+    fde_c = fde_vectors(fde_spec, d["cluster:pool_factor=4"], "document")
     for pooler, coll in colls.items():
-        comps = {"mean": (mean, q_mean), "fde (all tokens)": (fde_t, q_fde)}
+        comps = {"mean": ("mean", np.stack(d["mean"]), q_mean), "fde (all tokens)": (fde_spec, fde_tokens, q_fde)}
         if pooler != "tokens":
-            comps["fde (clustered vectors)"] = (fde_c, q_fde)
-        out["scifact"][pooler] = candidates_table(coll, qids, q_tokens, sf.qrels, comps, FDE_CANDIDATES,
-                                                  latency_queries, ndcg10)
+            comps["fde (clustered vectors)"] = (fde_spec, fde_c, q_fde)
+        out["scifact"][pooler] = candidates_table(root, coll, d[pooler], sf.doc_ids, qids, q_tokens, sf.qrels, comps,
+                                                  FDE_CANDIDATES, latency_queries, ndcg10)
         log(f"scifact {pooler}: {out['scifact'][pooler]}")
         coll.close()
-    for c in (mean, fde_t, fde_c):
-        c.close()
 
     long_ns = tuple(sorted({n10, 20, 50, 100} - {n for n in (20, 50, 100) if n >= len(lids)}))
     lfde_spec = build_pooler(fde_spec.replace("window=false", "window=true")).spec
-    lm = _single(root, "c-long-mean", "mean", lmean, lids)
-    lf = _single(root, "c-long-fde", lfde_spec, fde_vectors(lfde_spec, ltok, "document"), lids)
     out["long"] = {"distractors": long[1], "documents": len(lids), "queries": len(lq), "n_10pct": n10,
                    "tokens_per_doc": round(float(np.mean([len(t) for t in ltok])), 1),
-                   **candidates_table(long_coll, lq, lq_tokens, data.qrels,
-                                      {"mean (first window)": (lm, lq_mean),
-                                       "fde (all windows)": (lf, fde_vectors(lfde_spec, lq_tokens, "query"))},
+                   **candidates_table(root, long_coll, ltok, lids, lq, lq_tokens, data.qrels,
+                                      {"mean (first window)": ("mean", lmean, lq_mean),
+                                       "fde (all windows)": (lfde_spec, fde_vectors(lfde_spec, ltok, "document"),
+                                                             fde_vectors(lfde_spec, lq_tokens, "query"))},
                                       long_ns, latency_queries, ndcg10)}
     log(f"long: {out['long']}")
-    for c in (long_coll, lm, lf):
-        c.close()
+    long_coll.close()
     out["targets"] = fde_targets(out)
     return out
 
@@ -205,22 +211,16 @@ def fde_sweep(root, sf, q_tokens, d, tok, long_coll, lids, ltok, lq, lq_tokens, 
         df = fde_vectors(spec, d["tokens"], "document")
         secs = time.perf_counter() - t0
         per, pooled = spearman_per_query(q_tokens[:100], d["tokens"][:500], qf[:100], df[:500])
-        comp = _single(root, "sweep", spec, df, sf.doc_ids)
-        hits = {}
-        for s in range(0, len(sf.query_ids), 50):
-            hits.update(zip(sf.query_ids[s:s + 50], tok.search(q_tokens[s:s + 50], k=10, mode="two_stage",
-                                                                 candidates=100, companion=comp,
-                                                                 companion_queries=qf[s:s + 50])))
+        hits = _two_stage(root, tok.spec.pooler, d["tokens"], sf.doc_ids, (spec, df), lambda two: {
+            q: h for s in range(0, len(sf.query_ids), 50)
+            for q, h in zip(sf.query_ids[s:s + 50], two.search(q_tokens[s:s + 50], k=10, mode="two_stage",
+                                                               candidates=100, companion_queries=qf[s:s + 50]))})
         rec = np.mean([len({h.id for h in hits[x]} & set(exact[x])) / 10 for x in sf.query_ids])
-        comp.close()
-        delete_collection(root, "sweep")
         lspec = build_pooler(f"fde:k_sim={k},dim_proj={dp},reps={reps},window=true").spec
-        lc = _single(root, "sweep-long", lspec, fde_vectors(lspec, ltok, "document"), lids)
         lqf = fde_vectors(lspec, lq_tokens, "query")
-        lh = dict(zip(lq, long_coll.search(lq_tokens, k=10, mode="two_stage", candidates=n10, companion=lc,
-                                           companion_queries=lqf)))
-        lc.close()
-        delete_collection(root, "sweep-long")
+        lh = _two_stage(root, long_coll.spec.pooler, ltok, lids, (lspec, fde_vectors(lspec, ltok, "document")),
+                        lambda two: dict(zip(lq, two.search(lq_tokens, k=10, mode="two_stage", candidates=n10,
+                                                            companion_queries=lqf))))
         rows.append({"k_sim": k, "dim_proj": dp, "reps": reps, "dim": reps * 2 ** k * dp,
                      "spearman_per_query": per, "spearman_pooled": pooled,
                      "scifact_recall@100": round(float(rec), 4), "scifact_ndcg@10_N100": ndcg10(sf.qrels, hits),

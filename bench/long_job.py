@@ -5,7 +5,7 @@ The corpus: ``--docs`` documents of ``--parts`` SciFact abstracts each (default 
 tokens a document, ~0.8M tokens), built by ``embedpool eval --synthetic-long``'s builder
 (app/evaluation/long.py); the doubled corpus has ``2 * --docs`` documents. Every case is one
 ``embedpool index`` process with ``mean``, ``tokens:window=true``,
-``cluster:pool_factor=4,window=true``, ``--companion fde:window=true`` and int8 storage, and no
+``cluster:pool_factor=4,window=true``, ``--companion-pooler fde:window=true`` and int8 storage, and no
 other flag; its peak RSS is the kernel's high-water mark of that process (``wait4``'s
 ``ru_maxrss``: every allocator, no sampling gaps). The code before runs from a git worktree of
 ``--before`` (default efa857b, main before issue 21) put first on ``PYTHONPATH``.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 DATA = (ROOT / ".." / "shared" / "data").resolve()
 RESULTS = HERE / "results" / "long_job.json"
 FLAGS = ["--pooler", "mean", "--pooler", "tokens:window=true", "--pooler", "cluster:pool_factor=4,window=true",
-         "--companion", "fde:window=true", "--storage-precision", "int8", "--no-progress", "--json"]
+         "--companion-pooler", "fde:window=true", "--storage-precision", "int8", "--no-progress", "--json"]
 TARGET_RSS_MB, TARGET_SPEED = 2500, 0.90
 
 
@@ -149,14 +149,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(out: dict) -> str:
+    from embedpool.app.tables import render_table
+
+    rows = [[f"{c['code']} ({c['revision']})", str(c["docs"]), f"{c['tokens']:,}", f"{c['peak_rss_mb']:,.0f}",
+             f"{c['seconds']:.0f}", f"{c['docs_per_s']:.4f}",
+             "" if c["speed_vs_before"] is None else f"{c['speed_vs_before']:.2f}x"] for c in out["cases"]]
     lines = [f"CPU flags {' '.join(out['machine']['cpu_flags'])}; {out['parts']} abstracts a document; "
              f"flags: {' '.join(out['flags'])}", "",
-             "| code | documents | tokens | peak RSS MB | seconds | docs/s | vs before |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for c in out["cases"]:
-        vs = "" if c["speed_vs_before"] is None else f"{c['speed_vs_before']:.2f}x"
-        lines.append(f"| {c['code']} ({c['revision']}) | {c['docs']} | {c['tokens']:,} | {c['peak_rss_mb']:,.0f} | "
-                     f"{c['seconds']:.0f} | {c['docs_per_s']:.4f} | {vs} |")
+             render_table(["code", "documents", "tokens", "peak RSS MB", "seconds", "docs/s", "vs before"], rows,
+                          markdown=True)]
     t = out["targets"]
     lines += ["", f"peak RSS <= {TARGET_RSS_MB} MB at both sizes: {'met' if t['peak_rss_le_2500_mb'] else 'missed'}; "
               f"docs/s within 10% of before: "

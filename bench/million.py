@@ -1,7 +1,7 @@
 """A million documents in one collection (issue 23): build, open, search, delete + compact.
 
 Encoding a million documents takes hours on 2 cores, so the documents are synthetic but made of
-real vectors (:mod:`index.synthetic`): SciFact documents pooled once by the real default model
+real vectors (``tests/synthetic_corpus.py``): SciFact documents pooled once by the real default model
 with ``cluster:pool_factor=16`` (~20 vectors per document) plus their ``mean``, cached, then
 recombined and perturbed into new documents whose companion is the ``mean`` of their vectors.
 Queries are the real SciFact test queries (all their token vectors, and their ``mean``): held out,
@@ -46,6 +46,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests"))  # the synthetic corpus the index tests use too
 DATA = HERE / ".scale-data"
 SOURCES = HERE / "results" / "cache" / "million_sources.npz"
 RESULTS = HERE / "results" / "million.json"
@@ -144,7 +145,7 @@ def load_sources():
 
 
 def corpus(seed: int = 0):
-    from embedpool.index.synthetic import SyntheticCorpus
+    from synthetic_corpus import SyntheticCorpus
 
     docs, *_ = load_sources()
     return SyntheticCorpus(docs, seed=seed)

@@ -92,7 +92,10 @@ class Layout1:
 
     def two_stage(self, qs: list[np.ndarray], companion, companion_queries: np.ndarray, candidates: int,
                   k: int = 10) -> list[list[Hit]]:
-        return self.rerank(qs, companion.candidate_ids(companion_queries, candidates), k)
+        """Candidates from ``companion``, a single-vector collection of the documents' mean
+        vectors (how layout 1 was measured), reranked by exact MaxSim."""
+        cands = [[h.id for h in hits] for hits in companion.search(companion_queries, k=candidates)]
+        return self.rerank(qs, cands, k)
 
     def close(self, drop: bool = True) -> None:
         if drop:

@@ -89,11 +89,7 @@ def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> 
     for i, (pooler, precision, companion, n) in enumerate(configs):
         vecs = sd.scifact_docs(sf, cache, (pooler,))[pooler]
         t0 = time.perf_counter()
-        coll = FaissCollection.create(root, f"m{i}", CollectionSpec(kind="multi", pooler=pooler, dim=384, precision=precision))
-        for s in range(0, len(vecs), 500):
-            coll.add(sf.doc_ids[s:s + 500], vecs[s:s + 500])
-        coll.commit()
-        comp, cq = None, None
+        x, cq = None, None  # the companion the collection keeps (its rows, the queries' vectors)
         if companion == "mean":
             x, cq = np.stack(sd.scifact_docs(sf, cache, ("mean",))["mean"]), q_mean
         elif companion == "fde":
@@ -101,37 +97,36 @@ def embedpool_side(root: Path, sf, cache, sd, q_tokens, q_mean, ndcg10, log) -> 
             x = np.concatenate([fde.encode_sets(docs[s:s + 256], "document") for s in range(0, len(docs), 256)])
             x /= np.linalg.norm(x, axis=1, keepdims=True)
             cq = qf
-        if companion:
-            comp = FaissCollection.create(root, f"c{i}", CollectionSpec(kind="single", pooler=companion, dim=x.shape[1]))
-            comp.add(sf.doc_ids, x)
-            comp.commit()
+        comp = {} if x is None else {"companion_pooler": companion, "companion_dim": x.shape[1]}
+        coll = FaissCollection.create(root, f"m{i}", CollectionSpec(kind="multi", pooler=pooler, dim=384,
+                                                                     precision=precision, **comp))
+        for s in range(0, len(vecs), 500):
+            coll.add(sf.doc_ids[s:s + 500], vecs[s:s + 500], companion=None if x is None else x[s:s + 500])
+        coll.commit()
         build = time.perf_counter() - t0
-        nbytes = coll.stats()["bytes_on_disk"] + (comp.stats()["bytes_on_disk"] if comp else 0)
+        nbytes = coll.stats()["bytes_on_disk"]
 
         def one(j: int):
-            if comp is None:
+            if x is None:
                 return coll.search([q_tokens[j]], k=10)[0]
-            return coll.search([q_tokens[j]], k=10, mode="two_stage", candidates=n, companion=comp,
-                               companion_queries=cq[j:j + 1])[0]
+            return coll.search([q_tokens[j]], k=10, mode="two_stage", candidates=n, companion_queries=cq[j:j + 1])[0]
 
         one(0)
         hits, lat = {}, []
-        n_q = len(sf.query_ids) if comp is not None else 30  # exhaustive is ~2 s a query
+        n_q = len(sf.query_ids) if x is not None else 30  # exhaustive is ~2 s a query
         for j, qid in enumerate(sf.query_ids[:n_q]):
             t0 = time.perf_counter()
             hits[qid] = one(j)
             lat.append(1000 * (time.perf_counter() - t0))
-        if comp is None:  # nDCG of the exhaustive scan from batched calls
+        if x is None:  # nDCG of the exhaustive scan from batched calls
             for s in range(0, len(sf.query_ids), 50):
                 hits.update(zip(sf.query_ids[s:s + 50], coll.search(q_tokens[s:s + 50], k=10)))
-        label = f"embedpool {pooler} {precision}, " + (f"{companion} companion N={n}" if comp else "exhaustive")
+        label = f"embedpool {pooler} {precision}, " + (f"{companion} companion N={n}" if companion else "exhaustive")
         rows.append({"system": label, "bytes_per_doc": round(nbytes / len(sf.doc_ids), 1),
                      "build_s": round(build, 2), **pct(lat), "latency_queries": n_q,
                      "ndcg@10": ndcg10(sf.qrels, hits)})
         log(rows[-1])
         coll.close()
-        if comp is not None:
-            comp.close()
     return rows
 
 

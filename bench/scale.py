@@ -219,8 +219,8 @@ def run_index_case(n_docs: int, commit_every: int, precision: str, threads: int,
     base_mb = probe.kb("VmRSS") / 1024
     commits = []
     with tempfile.TemporaryDirectory() as tmp:
-        job = IndexJob(embedder, tmp, "scifact", list(INDEX_POOLERS), companion="mean", commit_every=commit_every,
-                       storage_precision=precision, progress=False, log=lambda m: None)
+        job = IndexJob(embedder, tmp, "scifact", list(INDEX_POOLERS), companion_pooler="mean",
+                       commit_every=commit_every, storage_precision=precision, progress=False, log=lambda m: None)
         commit_all = job._commit_all
 
         def recorded() -> None:

@@ -52,13 +52,13 @@ TARGET_RATIO, TARGET_P50_MS, TARGET_CANDIDATES = 0.95, 100.0, 0.10
 def build(embedder, corpus, root: Path, specs: list[str], log) -> dict[tuple[str, str], object]:
     """One collection per (pooler, companion), all from one pass over the corpus."""
     from embedpool.app.indexing import BATCH_TOKENS, embed_records, token_calls
-    from embedpool.app.retrieval import resolve_companion
+    from embedpool.app.retrieval import resolve_companion_pooler
     from embedpool.index import FaissCollection, CollectionSpec
 
     colls = {}
     for p in POOLERS:
         for c in COMPANIONS:
-            cspec, rows = resolve_companion(embedder, p, c)
+            cspec, rows = resolve_companion_pooler(embedder, p, c)
             spec = CollectionSpec(kind="multi", model=embedder.model_id, pooler=embedder.canonical(p),
                                   dim=embedder.dim, precision="int8", companion_pooler=cspec,
                                   companion_rows=rows, companion_dim=embedder.output_dim(cspec))
@@ -163,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(out: dict) -> str:
-    lines = [f"K={out['distractors']}: {out['documents']} documents, {out['queries']} queries, encoder "
-             f"{out['encoder_precision']}; CPU flags {' '.join(out['machine']['cpu_flags'])}", "",
-             "| pooler | companion | rows/doc | mode | nDCG@10 | vs exhaustive | p50 ms | target |",
-             "|---|---|---:|---|---:|---:|---:|---|"]
-    for r in out["rows"]:
-        mark = "" if r["target"] is None else ("met" if r["target"] else "missed")
-        lines.append(f"| {r['pooler']} | {r['companion']} | {r['companion_rows_per_doc']:.1f} | {r['mode']} | "
-                     f"{r['ndcg@10']:.4f} | {r['ratio']:.3f} | {r['search_p50_ms']:.1f} | {mark} |")
-    return "\n".join(lines)
+    from embedpool.app.tables import render_table
+
+    rows = [[r["pooler"], r["companion"], f"{r['companion_rows_per_doc']:.1f}", r["mode"], f"{r['ndcg@10']:.4f}",
+             f"{r['ratio']:.3f}", f"{r['search_p50_ms']:.1f}",
+             "" if r["target"] is None else ("met" if r["target"] else "missed")] for r in out["rows"]]
+    return "\n".join([f"K={out['distractors']}: {out['documents']} documents, {out['queries']} queries, encoder "
+                      f"{out['encoder_precision']}; CPU flags {' '.join(out['machine']['cpu_flags'])}", "",
+                      render_table(["pooler", "companion pooler", "rows/doc", "mode", "nDCG@10", "vs exhaustive",
+                                    "p50 ms", "target"], rows, markdown=True)])
 
 
 if __name__ == "__main__":

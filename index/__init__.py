@@ -15,14 +15,14 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
 
 from .backends import (
     BACKENDS,
-    READ_CONSISTENCY,
     delete_collection,
     list_collections,
     open_collection,
     read_collection_manifest,
     storage_status,
 )
-from .base import ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit
+from .base import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilities, CollectionBase, Hit,
+                   companion_refusal)
 from .faiss import FaissCollection
 from .filters import parse_filter
 from .fusion import FUSIONS
@@ -34,7 +34,7 @@ __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
     "BACKENDS", "READ_CONSISTENCY", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
-    "STATS_KEYS", "parse_filter", "canonical_analyzer", "LANGUAGES",
+    "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "STORAGE_PRECISIONS", "dequantize", "bytes_per_vector",
 ]
 

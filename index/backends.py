@@ -77,7 +77,7 @@ class Backend(ABC):
 
 def _backend(backend: str) -> Backend:
     if backend not in _MODULES:
-        raise InvalidError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+        raise InvalidError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}", param="backend")
     return importlib.import_module(_MODULES[backend]).BACKEND
 
 

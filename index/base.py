@@ -6,11 +6,14 @@ behind it. What a backend can do differently is data, not a name to test: :class
 ``stats()`` returns the same keys on every backend (:data:`STATS_KEYS`), built with
 :func:`make_stats`.
 
-The base also holds what the backends share: argument checks and the search dispatch. Candidate
-generation and ranking are separate pieces, as in PyLate: ``two_stage`` asks any single-vector
-collection -- of either backend -- for candidate ids, then the multi-vector collection reranks
-them by exact MaxSim (a backend implements the ``_search_*``/``_rerank``/``_candidate_ids``
-hooks).
+The base also holds what the backends share: argument checks and the search dispatch (a backend
+implements the ``_search_*`` hooks). Candidate generation and ranking are separate pieces, as in
+PyLate: ``tokens`` takes candidates from the token ANN, ``two_stage`` from the companion -- the
+single vectors (a mean, a MUVERA FDE, one per window of a long document) a multi-vector collection
+keeps for every document (``spec.companion_pooler``), written and deleted with the documents --
+then exact MaxSim ranks them. A collection made when ``two_stage`` read a separate companion
+collection (its manifest names it as ``companion``; retired) opens and searches in every other
+mode; ``two_stage`` on it is refused with what to do (:func:`companion_refusal`).
 
 Properties (:meth:`CollectionBase.set_property`) are small strings stored with the collection:
 they survive a reopen and are deleted with it. A property set is *staged*: it becomes durable
@@ -23,7 +26,6 @@ claim more than is committed: stage it, then commit.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
@@ -143,14 +145,14 @@ def check_spec_matches(existing: CollectionSpec, requested: CollectionSpec, name
     if diffs:
         raise ConflictError(
             f"collection {name!r} already exists with a different spec ({'; '.join(diffs)}); "
-            "use another collection name, or delete the collection first")
+            "use another collection name, or delete the collection first", param="spec")
 
 
 def check_new_spec(name: str, spec: Any) -> CollectionSpec:
     """The name and spec of a collection to create, checked (:class:`InvalidError`)."""
     check_name(name)
     if not isinstance(spec, CollectionSpec):
-        raise InvalidError("spec must be a CollectionSpec")
+        raise InvalidError("spec must be a CollectionSpec", param="spec")
     return spec.validate()
 
 
@@ -165,12 +167,27 @@ def require_spec(coll: "CollectionBase", spec: CollectionSpec) -> "CollectionBas
     return coll
 
 
+def companion_refusal(name: str, manifest: dict[str, Any]) -> InvalidError:
+    """The error of ``two_stage`` on a multi-vector collection without a companion: what to do,
+    naming the separate companion collection of an older manifest (``companion``) if it has one."""
+    how = ("re-index it with a companion (embedpool index --companion-pooler mean, or \"companion_pooler\" in "
+           "POST /collections: the collection then keeps the companion vectors itself and writes them with every "
+           "upsert), or search it with mode 'exhaustive' or 'tokens'")
+    older = manifest.get("companion")
+    if older:
+        return InvalidError(
+            f"mode: collection {name!r} takes its two_stage candidates from a separate companion collection "
+            f"{older!r}, which embedpool no longer reads (a collection keeps its companion vectors itself); "
+            + how, param="mode")
+    return InvalidError(f"mode: collection {name!r} keeps no companion vectors for two_stage; " + how, param="mode")
+
+
 def check_property(key: Any, value: Any) -> None:
     """A property key is a non-empty string other than the manifest's; values are strings."""
     if not isinstance(key, str) or not key or key == MANIFEST_PROPERTY:
-        raise InvalidError(f"property key {key!r} is reserved or empty")
+        raise InvalidError(f"property key {key!r} is reserved or empty", param="key")
     if not isinstance(value, str):
-        raise InvalidError("property values are strings")
+        raise InvalidError("property values are strings", param="value")
 
 
 class CollectionBase(ABC):
@@ -183,10 +200,6 @@ class CollectionBase(ABC):
     capabilities: Capabilities
     backend: ClassVar[str] = ""
     _manifest: dict[str, Any]
-
-    def __init__(self) -> None:
-        self._companion_lock = threading.Lock()
-        self._companion: CollectionBase | None = None
 
     # ---- the contract: writes -------------------------------------------------------------
     @abstractmethod
@@ -202,11 +215,11 @@ class CollectionBase(ABC):
             texts: optional text per document.
             metadata: optional JSON-serializable dict per document.
             model, pooler: if given, must equal the manifest's (guards against mixing models).
-            companion: a collection that keeps companion vectors (``spec.companion_pooler``):
-                per document its ``[companion_dim]`` vector or ``[r_i, companion_dim]`` rows
-                (``r_i >= 1``; exactly one with ``companion_rows="document"``), written with the
-                documents; required there, refused elsewhere. Replacing a document replaces its
-                rows, deleting it deletes them.
+            companion: the companion vectors of a collection that keeps them
+                (``spec.companion_pooler``): per document its ``[companion_dim]`` vector or
+                ``[r_i, companion_dim]`` rows (``r_i >= 1``; exactly one with
+                ``companion_rows="document"``), written with the documents; required there, refused
+                elsewhere. Replacing a document replaces its rows, deleting it deletes them.
         """
 
     @abstractmethod
@@ -297,15 +310,6 @@ class CollectionBase(ABC):
         the best rows for each companion query ``cq[i]``), then exact MaxSim."""
 
     @abstractmethod
-    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
-                flt: Node | None = None) -> list[list[Hit]]:
-        """Exact MaxSim of each query against its candidate documents (external ids)."""
-
-    @abstractmethod
-    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
-        """Ids only of the top-k documents per single-vector query."""
-
-    @abstractmethod
     def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
         """Top-k documents by BM25 for each query text (the collection's analyzer)."""
 
@@ -314,15 +318,8 @@ class CollectionBase(ABC):
         """Delete the documents that match ``flt``; how many."""
 
     @abstractmethod
-    def _open_sibling(self, name: str) -> "CollectionBase":
-        """Open collection ``name`` of the same backend and location (the companion)."""
-
-    @abstractmethod
     def _counts(self) -> dict[str, int]:
         """``{"documents": ..., "vectors": ...}`` of the current state."""
-
-    def _sync(self) -> None:
-        """Pick up commits made elsewhere since opening, if that is safe now (companions)."""
 
     # ---- shared ----------------------------------------------------------------------------
     @property
@@ -349,17 +346,17 @@ class CollectionBase(ABC):
         if spec.companion_pooler is None:
             if companion is not None:
                 raise InvalidError(f"collection {self.name!r} keeps no companion vectors; leave "
-                                   "companion out (create it with a companion pooler to keep them)")
+                                   "companion out (create it with a companion pooler to keep them)", param="companion")
             return None
         if companion is None:
             raise InvalidError(
                 f"collection {self.name!r} keeps companion vectors of pooler {spec.companion_pooler!r} for "
                 f"two_stage search: pass companion=, per document its [{spec.companion_dim}] vector"
-                + (f" or [r, {spec.companion_dim}] rows" if spec.companion_rows == "window" else ""))
+                + (f" or [r, {spec.companion_dim}] rows" if spec.companion_rows == "window" else ""), param="companion")
         if isinstance(companion, np.ndarray) and companion.ndim == 2:
             companion = list(companion)  # one vector per document
         if not isinstance(companion, (list, tuple)):
-            raise InvalidError(f"companion must be a list with one entry per document")
+            raise InvalidError(f"companion must be a list with one entry per document", param="companion")
         rows = [np.asarray(c)[None, :] if np.ndim(c) == 1 else c for c in companion]
         out = check_multi_vectors(spec.companion_spec(), self.name, rows, ids, "companion")
         if spec.companion_rows == "document":
@@ -367,7 +364,7 @@ class CollectionBase(ABC):
             if many:
                 raise InvalidError(
                     f"collection {self.name!r} keeps one companion vector per document (companion_rows "
-                    f"'document'), but document {many[0]!r} has {len(out[ids.index(many[0])])}")
+                    f"'document'), but document {many[0]!r} has {len(out[ids.index(many[0])])}", param="companion")
         return out
 
     def _check_delete(self, ids: Sequence[str]) -> list[str]:
@@ -380,7 +377,7 @@ class CollectionBase(ABC):
         if unknown:
             raise NotFoundError(
                 f"{len(unknown)} id(s) not in collection {self.name!r}: {preview(unknown)}; "
-                "nothing was deleted")
+                "nothing was deleted", param="ids")
 
     def _check_token_index(self) -> None:
         """``build_token_index`` applies to collections with a token ANN only."""
@@ -389,9 +386,8 @@ class CollectionBase(ABC):
             raise InvalidError("build_token_index applies to multi-vector collections only")
 
     def search(self, queries: Any = None, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
-               k_token: int = 32, companion_queries: Any = None,
-               companion: "CollectionBase | None" = None,
-               companion_pooler: str | None = None, filter: Any = None, texts: Sequence[str] | None = None,
+               k_token: int = 32, companion_queries: Any = None, companion_pooler: str | None = None,
+               filter: Any = None, texts: Sequence[str] | None = None,
                vector_mode: str = "exhaustive", fusion: str = "rrf", weight: float = 0.5,
                depth: int = DEPTH) -> list[list[Hit]]:
         """Top-k documents per query.
@@ -405,12 +401,11 @@ class CollectionBase(ABC):
                 collections have one vector mode (any other name means it); multi-vector ones
                 ``exhaustive`` (exact MaxSim against every document), ``tokens`` (token ANN:
                 ``k_token`` neighbours per query token give the candidates, then exact MaxSim)
-                or ``two_stage`` (the ``candidates`` best documents by their companion vectors
-                for ``companion_queries``, then exact MaxSim): the collection's own companion
-                rows when it keeps them (``spec.companion_pooler``; the documents of the best
-                rows), else those of a companion single-vector collection.
-            companion: the companion collection (any backend) of a collection that does not keep
-                its own; defaults to ``spec.companion`` opened from the same backend and location.
+                or ``two_stage`` (the ``candidates`` documents of the best companion rows for
+                ``companion_queries``, then exact MaxSim; collections that keep a companion,
+                ``spec.companion_pooler``).
+            companion_queries: ``two_stage``: one ``[companion_dim]`` vector per query, embedded
+                with the companion pooler (role query).
             companion_pooler: the pooler spec ``companion_queries`` were made with; refused
                 unless it is the companion's (an FDE made with other parameters approximates
                 nothing, though it may have the same dimension).
@@ -431,7 +426,7 @@ class CollectionBase(ABC):
         k = check_positive_int("k", k)
         flt = parse_filter(filter)
         if mode not in ALL_MODES and self.spec.kind == "multi":
-            raise InvalidError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}")
+            raise InvalidError(f"unknown search mode {mode!r}; use one of {', '.join(ALL_MODES)}", param="mode")
         if mode in LEXICAL_MODES:
             texts = self._check_texts(texts)
             if mode == "bm25":
@@ -439,30 +434,31 @@ class CollectionBase(ABC):
             fusion, weight = check_fusion(fusion, weight)
             if vector_mode not in SEARCH_MODES:
                 raise InvalidError(f"vector_mode={vector_mode!r}: hybrid fuses BM25 with one of "
-                                   f"{', '.join(SEARCH_MODES)}")
+                                   f"{', '.join(SEARCH_MODES)}", param="vector_mode")
             d = max(k, check_positive_int("depth", depth))
             vec = (self._search_vectors(queries, d, vector_mode, candidates, k_token, companion_queries,
-                                        companion, companion_pooler, flt) if weight > 0 else [[] for _ in texts])
+                                        companion_pooler, flt) if weight > 0 else [[] for _ in texts])
             if len(vec) != len(texts):
-                raise InvalidError(f"{len(texts)} query texts but {len(vec)} query vectors")
+                raise InvalidError(f"{len(texts)} query texts but {len(vec)} query vectors", param="texts")
             lex = self._search_lexical(texts, d, flt) if weight < 1 and texts else [[] for _ in texts]
             lower = self.spec.kind == "single" and self.spec.metric == "l2"
             return [fuse(v, x, k, fusion, weight, lower_is_better=lower) for v, x in zip(vec, lex)]
-        return self._search_vectors(queries, k, mode, candidates, k_token, companion_queries, companion,
+        return self._search_vectors(queries, k, mode, candidates, k_token, companion_queries,
                                     companion_pooler, flt)
 
     def _check_texts(self, texts: Any) -> list[str]:
         if not self.spec.lexical:
             raise InvalidError(
                 f"collection {self.name!r} has no lexical index (analyzer 'none', or made before BM25 "
-                "existed); create it with an analyzer (the default, 'english') for bm25 and hybrid search")
+                "existed); create it with an analyzer (the default, 'english') for bm25 and hybrid search",
+                param="mode")
         if texts is None or isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise InvalidError("bm25 and hybrid search need texts: the query texts, a list of strings")
+            raise InvalidError("bm25 and hybrid search need texts: the query texts, a list of strings", param="texts")
         return list(texts)
 
     def _search_vectors(self, queries: Any, k: int, mode: str, candidates: int, k_token: int,
-                        companion_queries: Any, companion: "CollectionBase | None",
-                        companion_pooler: str | None, flt: Node | None) -> list[list[Hit]]:
+                        companion_queries: Any, companion_pooler: str | None,
+                        flt: Node | None) -> list[list[Hit]]:
         if self.spec.kind == "single":
             return self._search_single(as_matrix(queries, self.spec.dim, "queries", self.name), k, flt)
         qs = check_multi_vectors(self.spec, self.name, queries, None, "queries")
@@ -472,24 +468,8 @@ class CollectionBase(ABC):
             return self._search_exhaustive(qs, k, flt)
         if mode == "tokens":
             return self._search_tokens(qs, k, check_positive_int("k_token", k_token), flt)
-        candidates = check_positive_int("candidates", candidates)
-        if self.spec.companion_pooler is not None:
-            return self._two_stage_own(qs, companion, companion_queries, companion_pooler, candidates, k, flt)
-        comp = self._resolve_companion(companion)
-        if companion_queries is None:
-            raise InvalidError(
-                f"mode='two_stage' needs companion_queries: one pooled query vector per query "
-                f"for companion collection {comp.name!r} (dim {comp.spec.dim})")
-        if companion_pooler is not None and companion_pooler != comp.spec.pooler:
-            raise ConflictError(
-                f"companion_queries were made with pooler {companion_pooler!r}, but companion "
-                f"collection {comp.name!r} holds vectors of pooler {comp.spec.pooler!r}; embed the "
-                f"queries with {comp.spec.pooler!r} (role query)")
-        cq = as_matrix(companion_queries, comp.spec.dim, "companion_queries", comp.name)
-        if len(cq) != len(qs):
-            raise InvalidError(
-                f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
-        return self._rerank(qs, comp.candidate_ids(cq, candidates, filter=flt), k, flt)
+        return self._two_stage(qs, companion_queries, companion_pooler, check_positive_int("candidates", candidates),
+                               k, flt)
 
     def delete_where(self, filter: Any) -> int:
         """Delete every document that matches a metadata filter (:mod:`index.filters`); returns
@@ -497,65 +477,30 @@ class CollectionBase(ABC):
         self._check_open()
         flt = parse_filter(filter)
         if flt is None:
-            raise InvalidError("delete_where needs a filter (delete the collection to delete everything)")
+            raise InvalidError("delete_where needs a filter (delete the collection to delete everything)",
+                               param="filter")
         return self._delete_where(flt)
 
-    def _two_stage_own(self, qs: list[np.ndarray], companion: Any, companion_queries: Any,
-                       companion_pooler: str | None, candidates: int, k: int,
-                       flt: Node | None) -> list[list[Hit]]:
-        """``two_stage`` on a collection that keeps its companion rows itself."""
+    def _two_stage(self, qs: list[np.ndarray], companion_queries: Any, companion_pooler: str | None,
+                   candidates: int, k: int, flt: Node | None) -> list[list[Hit]]:
+        """``two_stage``: candidates from the companion rows the collection keeps, then MaxSim."""
         spec = self.spec
-        if companion is not None:
-            raise InvalidError(f"collection {self.name!r} keeps its own companion vectors (pooler "
-                               f"{spec.companion_pooler!r}); do not pass companion=")
+        if spec.companion_pooler is None:
+            raise companion_refusal(self.name, self._manifest)
         if companion_queries is None:
             raise InvalidError(
                 f"mode='two_stage' needs companion_queries: one [{spec.companion_dim}] vector per query, "
-                f"embedded with pooler {spec.companion_pooler!r} (role query)")
+                f"embedded with pooler {spec.companion_pooler!r} (role query)", param="companion_queries")
         if companion_pooler is not None and companion_pooler != spec.companion_pooler:
             raise ConflictError(
                 f"companion_queries were made with pooler {companion_pooler!r}, but collection {self.name!r} "
                 f"keeps companion vectors of pooler {spec.companion_pooler!r}; embed the queries with "
-                f"{spec.companion_pooler!r} (role query)")
+                f"{spec.companion_pooler!r} (role query)", param="companion_pooler")
         cq = as_matrix(companion_queries, spec.companion_dim, "companion_queries", self.name)
         if len(cq) != len(qs):
-            raise InvalidError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries")
+            raise InvalidError(f"companion_queries has {len(cq)} rows but there are {len(qs)} queries",
+                               param="companion_queries")
         return self._search_companion(qs, cq, candidates, k, flt)
-
-    def candidate_ids(self, x: np.ndarray, k: int, *, filter: Any = None) -> list[list[str]]:
-        """Ids only of the top-k documents per query (two-stage candidate generation), among
-        those that match ``filter``."""
-        self._check_open()
-        if self.spec.kind != "single":
-            raise InvalidError(f"companion collection {self.name!r} must be single-vector")
-        return self._candidate_ids(as_matrix(x, self.spec.dim, "queries", self.name),
-                                   check_positive_int("k", k), parse_filter(filter))
-
-    def _resolve_companion(self, companion: "CollectionBase | None") -> "CollectionBase":
-        if companion is not None:
-            if not isinstance(companion, CollectionBase) or companion.spec.kind != "single":
-                raise InvalidError("companion must be an open single-vector collection")
-            return companion
-        if self.spec.companion is None:
-            raise InvalidError(
-                f"mode='two_stage' needs a companion single-vector collection: pass companion=..., "
-                f"or create {self.name!r} with spec.companion set")
-        with self._companion_lock:
-            if self._companion is None:
-                comp = self._open_sibling(self.spec.companion)
-                if comp.spec.kind != "single":
-                    comp.close()
-                    raise InvalidError(
-                        f"companion collection {self.spec.companion!r} is not single-vector")
-                self._companion = comp
-            else:
-                self._companion._sync()
-            return self._companion
-
-    def _close_companion(self) -> None:
-        if self._companion is not None:
-            self._companion.close()
-            self._companion = None
 
     def __enter__(self) -> "CollectionBase":
         return self

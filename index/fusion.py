@@ -29,10 +29,10 @@ DEPTH = 100
 
 def check_fusion(fusion: str, weight: float) -> tuple[str, float]:
     if fusion not in FUSIONS:
-        raise InvalidError(f"fusion={fusion!r}: use one of {', '.join(FUSIONS)}")
+        raise InvalidError(f"fusion={fusion!r}: use one of {', '.join(FUSIONS)}", param="fusion")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= float(weight) <= 1.0:
         raise InvalidError(f"weight={weight!r}: the vector side's weight is a number from 0 (BM25 only) "
-                           "to 1 (vectors only)")
+                           "to 1 (vectors only)", param="weight")
     return fusion, float(weight)
 
 

@@ -123,9 +123,9 @@ def resolve(kernel: str, precision: str) -> str:
         cpu = cpu_features()
         return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None)[0]
     if kernel not in KERNELS:
-        raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}")
+        raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}", param="kernel")
     if kernel in INT8_KERNELS and precision != "int8":
-        raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}")
+        raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}", param="kernel")
     return kernel
 
 

@@ -120,17 +120,17 @@ def parse_analyzer(spec: str | None) -> Analyzer | None:
     if spec is None or spec == NONE:
         return None
     if not isinstance(spec, str):
-        raise InvalidError(f"spec.analyzer must be a string such as {DEFAULT!r} or {NONE!r}")
+        raise InvalidError(f"spec.analyzer must be a string such as {DEFAULT!r} or {NONE!r}", param="analyzer")
     lang, _, rest = spec.partition(":")
     if lang not in LANGUAGES:
         raise InvalidError(f"spec.analyzer={spec!r}: unknown language {lang!r}; use one of "
-                           f"{', '.join(LANGUAGES)}, or {NONE!r} for no lexical index")
+                           f"{', '.join(LANGUAGES)}, or {NONE!r} for no lexical index", param="analyzer")
     opts = {}
     for part in filter(None, rest.split(",")):
         k, eq, v = part.partition("=")
         if k not in ("stem", "stopwords") or not eq or v not in ("true", "false"):
             raise InvalidError(f"spec.analyzer={spec!r}: options are stem=true|false and "
-                               "stopwords=true|false")
+                               "stopwords=true|false", param="analyzer")
         opts[k] = v == "true"
     return Analyzer(lang, **opts)
 

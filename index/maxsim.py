@@ -59,7 +59,8 @@ def quantize(x: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | No
         scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
         codes = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
         return codes, scales
-    raise InvalidError(f"unknown precision {precision!r}; use one of {', '.join(STORAGE_PRECISIONS)}")
+    raise InvalidError(f"unknown precision {precision!r}; use one of {', '.join(STORAGE_PRECISIONS)}",
+                       param="precision")
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:

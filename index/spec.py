@@ -34,7 +34,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _FIELDS = {
     "single": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory", "analyzer"),
     "multi": ("kind", "model", "pooler", "dim", "metric", "normalized", "precision",
-              "token_factory", "companion", "companion_pooler", "companion_dim", "companion_rows",
+              "token_factory", "companion_pooler", "companion_dim", "companion_rows",
               "companion_factory", "analyzer"),
 }
 
@@ -44,7 +44,7 @@ def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
         raise InvalidError(
             f"invalid collection name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit")
+            "starting with a letter or digit", param="name")
     return name
 
 
@@ -62,12 +62,11 @@ class CollectionSpec:
         factory: single: FAISS index factory string (``IDMap2,Flat``, ``HNSW32``, ``IVF256,PQ32``, ...).
         precision: multi: storage precision of token vectors, ``float32`` | ``float16`` | ``int8``.
         token_factory: multi: FAISS factory of the token-level ANN index used by ``mode="tokens"``.
-        companion: multi: name of a separate single-vector collection (same data dir) for
-            ``two_stage`` that the caller fills (the older way; ``companion_pooler`` is the one
-            a collection manages itself).
-        companion_pooler: multi: pooler spec of the companion vectors the collection keeps itself
-            for ``two_stage`` candidates (``mean``, ``fde:...``): written by every ``add`` (its
-            ``companion=`` argument) and ``delete`` in the same commit as the documents.
+        companion_pooler: multi: pooler spec of the companion -- the single vectors the collection
+            keeps for ``two_stage`` candidates (``mean``, ``fde:...``), written by every ``add``
+            (its ``companion=`` argument) and ``delete`` in the same commit as the documents. (A
+            manifest of an older embedpool may name a separate companion collection instead,
+            ``companion``: it is not read; ``two_stage`` on such a collection says what to do.)
         companion_dim: their dimension (with ``companion_pooler``).
         companion_rows: ``document`` (one companion vector per document) or ``window`` (one or
             more per document, e.g. one per window of a long document; candidates are the
@@ -91,7 +90,6 @@ class CollectionSpec:
     factory: str = "IDMap2,Flat"
     precision: str = "float32"
     token_factory: str = "HNSW32"
-    companion: str | None = None
     encoder_precision: str | None = None
     companion_pooler: str | None = None
     companion_dim: int = 0
@@ -104,52 +102,50 @@ class CollectionSpec:
         import faiss
 
         if self.kind not in KINDS:
-            raise InvalidError(f"spec.kind={self.kind!r}: use 'single' or 'multi'")
+            raise InvalidError(f"spec.kind={self.kind!r}: use 'single' or 'multi'", param="kind")
         if not isinstance(self.model, str) or not isinstance(self.pooler, str):
-            raise InvalidError("spec.model and spec.pooler must be strings")
+            raise InvalidError("spec.model and spec.pooler must be strings", param="model")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
-            raise InvalidError(f"spec.dim={self.dim!r}: must be a positive integer")
+            raise InvalidError(f"spec.dim={self.dim!r}: must be a positive integer", param="dim")
         if self.metric not in METRICS:
-            raise InvalidError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'")
+            raise InvalidError(f"spec.metric={self.metric!r}: use 'ip' or 'l2'", param="metric")
         if not isinstance(self.normalized, bool):
-            raise InvalidError("spec.normalized must be true or false")
+            raise InvalidError("spec.normalized must be true or false", param="normalized")
         if canonical_analyzer(self.analyzer) != self.analyzer:
             raise InvalidError(f"spec.analyzer={self.analyzer!r}: write it as "
-                               f"{canonical_analyzer(self.analyzer)!r}")
+                               f"{canonical_analyzer(self.analyzer)!r}", param="analyzer")
         if self.kind == "single":
             _check_factory("factory", self.factory, self.dim, self.metric)
             if self.companion_pooler is not None:
-                raise InvalidError("spec.companion_pooler: only multi-vector collections have a companion")
+                raise InvalidError("spec.companion_pooler: only multi-vector collections have a companion",
+                                   param="companion_pooler")
         else:
             if self.metric != "ip":
-                raise InvalidError("multi-vector collections score by MaxSim: spec.metric must be 'ip'")
+                raise InvalidError("multi-vector collections score by MaxSim: spec.metric must be 'ip'", param="metric")
             if self.precision not in STORAGE_PRECISIONS:
                 raise InvalidError(
-                    f"spec.precision={self.precision!r}: use one of {', '.join(STORAGE_PRECISIONS)}")
+                    f"spec.precision={self.precision!r}: use one of {', '.join(STORAGE_PRECISIONS)}", param="precision")
             try:
                 faiss.index_factory(self.dim, self.token_factory, faiss.METRIC_INNER_PRODUCT)
             except Exception as e:
                 raise InvalidError(
                     f"spec.token_factory={self.token_factory!r} is not a valid FAISS index factory "
-                    f"string: {_first_line(e)}") from None
-            if self.companion is not None:
-                check_name(self.companion)
+                    f"string: {_first_line(e)}", param="token_factory") from None
             if self.companion_pooler is not None:
                 self._validate_companion()
         return self
 
     def _validate_companion(self) -> None:
-        if self.companion is not None:
-            raise InvalidError(
-                "spec.companion and spec.companion_pooler: give one -- a companion the collection keeps "
-                "itself (companion_pooler) or the name of one you fill (companion)")
         if not isinstance(self.companion_pooler, str) or not self.companion_pooler:
-            raise InvalidError("spec.companion_pooler must be a pooler spec string such as 'mean'")
+            raise InvalidError("spec.companion_pooler must be a pooler spec string such as 'mean'",
+                               param="companion_pooler")
         if isinstance(self.companion_dim, bool) or not isinstance(self.companion_dim, int) or self.companion_dim <= 0:
-            raise InvalidError(f"spec.companion_dim={self.companion_dim!r}: must be a positive integer")
+            raise InvalidError(f"spec.companion_dim={self.companion_dim!r}: must be a positive integer",
+                               param="companion_dim")
         if self.companion_rows not in COMPANION_ROWS:
             raise InvalidError(
-                f"spec.companion_rows={self.companion_rows!r}: use one of {', '.join(COMPANION_ROWS)}")
+                f"spec.companion_rows={self.companion_rows!r}: use one of {', '.join(COMPANION_ROWS)}",
+                param="companion_rows")
         _check_factory("companion_factory", self.companion_factory, self.companion_dim, "ip")
 
     def companion_spec(self) -> "CollectionSpec":
@@ -196,11 +192,11 @@ def _check_factory(field: str, factory: str, dim: int, metric: str) -> None:
     except Exception as e:  # faiss raises RuntimeError with a long C++ trace
         raise InvalidError(
             f"spec.{field}={factory!r} is not a valid FAISS index factory string for dim {dim}: "
-            f"{_first_line(e)}") from None
+            f"{_first_line(e)}", param=field) from None
     if type(idx).__name__ == "IndexIDMap":
         raise InvalidError(
             f"spec.{field}={factory!r}: use 'IDMap2,...' (IDMap cannot return stored vectors), or "
-            "leave the IDMap prefix out")
+            "leave the IDMap prefix out", param=field)
 
 
 def _faiss_metric(metric: str) -> int:

@@ -113,13 +113,13 @@ def as_matrix(x: Any, dim: int, what: str, coll: str, ids: list[str] | None = No
     return a
 
 
-def check_norms(norms: np.ndarray, label) -> None:
+def check_norms(norms: np.ndarray, label, param: str | None = None) -> None:
     bad = np.flatnonzero(np.abs(norms - 1.0) > NORM_TOL)
     if len(bad):
         r = int(bad[0])
         raise ConflictError(
             f"{label(r)} has L2 norm {norms[r]:.4g}, but the collection stores normalized vectors; "
-            "L2-normalize the vectors (or create the collection with normalized=False)")
+            "L2-normalize the vectors (or create the collection with normalized=False)", param=param)
 
 
 def check_single_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: list[str],
@@ -128,12 +128,12 @@ def check_single_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: lis
             and vectors[0].ndim == 2:
         raise ConflictError(
             f"collection {coll!r} is single-vector: pass one [n, {spec.dim}] array, "
-            "not a list of per-document token matrices")
+            "not a list of per-document token matrices", param=what)
     x = as_matrix(vectors, spec.dim, what, coll, ids)
     if len(x) != len(ids):
         raise InvalidError(f"{len(ids)} ids but {len(x)} vectors; give one vector per id", param=what)
     if spec.normalized and len(x):
-        check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector of id {ids[r]!r}")
+        check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector of id {ids[r]!r}", what)
     return x
 
 
@@ -144,7 +144,7 @@ def check_multi_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: list
         if vectors.ndim == 2:
             raise ConflictError(
                 f"collection {coll!r} is multi-vector: pass a list with one "
-                f"[n_i, {spec.dim}] array per {'document' if ids is not None else 'query'}")
+                f"[n_i, {spec.dim}] array per {'document' if ids is not None else 'query'}", param=what)
         vectors = list(vectors)
     if not isinstance(vectors, (list, tuple)):
         raise InvalidError(f"{what} must be a list of [n_i, {spec.dim}] arrays", param=what)
@@ -157,7 +157,7 @@ def check_multi_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: list
         if not len(x):
             raise InvalidError(f"{what} of {label} is empty: give at least one vector", param=what)
         if ids is not None and spec.normalized:
-            check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector {r} of {label}")
+            check_norms(np.linalg.norm(x, axis=1), lambda r: f"vector {r} of {label}", what)
         out.append(x)
     return out
 

@@ -41,10 +41,11 @@ def register(sub) -> None:
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
     add_candidate_args(p)
     add_fusion_args(p)
-    p.add_argument("--companion", default="auto", metavar="SPEC",
-                   help="two_stage: pooler of the companion rows the multi-vector collections keep (mean, fde "
-                        "for MUVERA fixed-dimensional encodings, or their per-window forms such as "
-                        "mean:per_window=true); default auto: a per-window mean for windowing poolers, else mean")
+    p.add_argument("--companion-pooler", "--companion", dest="companion_pooler", default="auto", metavar="SPEC",
+                   help="two_stage: pooler of the companion the multi-vector collections keep (mean, fde for MUVERA "
+                        "fixed-dimensional encodings, or their per-window forms such as mean:per_window=true); "
+                        "default auto: a per-window mean for windowing poolers, else mean (--companion is its "
+                        "older name)")
     p.add_argument("--max-docs", type=int, help="evaluate on a slice of at most N documents")
     p.add_argument("--max-queries", type=int, help="at most N queries (synthetic-long default 100)")
     p.add_argument("--max-pairs", type=int, help="STS: the first N pairs only")
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(args, model=models[0][1])
     if args.stress:
         if len(models) > 1:
-            raise InvalidError("--stress evaluates one model; give one --model")
+            raise InvalidError("--stress evaluates one model; give one --model", param="--model")
         return _stress(args, settings, modes, log)
     one = _evaluation(args, modes, log)
     if len(models) == 1:
@@ -111,12 +112,12 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
         data = datasets.slice_beir(data, args.max_docs, args.max_queries, args.seed)
         log(f"{data.name} {args.split}: {len(data.corpus)} documents, {len(data.qrels)} queries")
     elif args.max_docs:
-        raise InvalidError("--max-docs does not apply to --synthetic-long; use --max-queries")
+        raise InvalidError("--max-docs does not apply to --synthetic-long; use --max-queries", param="--max-docs")
 
     def one(embedder, name: str | None) -> dict:
         index_dir = str(Path(args.index_dir) / name) if args.index_dir and name else args.index_dir
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
-                      candidates=args.candidates, companion=args.companion, k_token=args.k_token,
+                      candidates=args.candidates, companion_pooler=args.companion_pooler, k_token=args.k_token,
                       index_dir=index_dir, log=log, latency_queries=args.latency_queries,
                       fusion=args.fusion, weight=args.weight,
                       **job_options(args))
@@ -138,7 +139,7 @@ def _stress(args: argparse.Namespace, settings, modes: list[str], log) -> int:
     from embedpool.app import evaluation as ev
 
     if not (args.sts or args.data):
-        raise InvalidError("--stress runs on --data (BEIR) or --sts")
+        raise InvalidError("--stress runs on --data (BEIR) or --sts", param="--stress")
     if args.sts:
         pairs = datasets.load_sts(args.sts, args.split)[: args.max_pairs]
         kw = dict(sts=pairs, baseline=args.baseline, info={"dataset": Path(args.sts).name, "split": args.split})
@@ -146,7 +147,7 @@ def _stress(args: argparse.Namespace, settings, modes: list[str], log) -> int:
         data = datasets.slice_beir(datasets.load_beir(args.data, args.split), args.max_docs, args.max_queries,
                                    args.seed)
         kw = dict(data=data, modes=modes, baseline=args.baseline, stat_test=args.stat_test,
-                  candidates=args.candidates, companion=args.companion, k_token=args.k_token,
+                  candidates=args.candidates, companion_pooler=args.companion_pooler, k_token=args.k_token,
                   index_dir=args.index_dir, latency_queries=args.latency_queries, **job_options(args))
     report = ev.evaluate_stress(load_embedder(settings), args.poolers, args.stress_ratios, side=args.stress_side,
                                 seed=args.seed, log=log, **kw)

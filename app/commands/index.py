@@ -30,11 +30,11 @@ def register(sub) -> None:
     p.add_argument("--text-field", help="text field (default text)")
     p.add_argument("--title-field", help="field prepended to the text (BEIR: title)")
     add_job_args(p, commit_every=1000)
-    p.add_argument("--companion", default="auto", metavar="SPEC",
-                   help="pooler of the companion rows every multi-vector collection keeps for two_stage "
-                        "candidates: mean, fde, or a per-window form (mean:per_window=true: one row per window "
-                        "of a long document); default auto: a per-window mean for poolers that window long "
-                        "documents (window=true), else mean; 'none' for none")
+    p.add_argument("--companion-pooler", "--companion", dest="companion_pooler", default="auto", metavar="SPEC",
+                   help="pooler of the companion every multi-vector collection keeps for two_stage candidates: "
+                        "mean, fde, or a per-window form (mean:per_window=true: one row per window of a long "
+                        "document); default auto: a per-window mean for poolers that window long documents "
+                        "(window=true), else mean; 'none' for none (--companion is its older name)")
     p.add_argument("--factory", default="IDMap2,Flat",
                    help="FAISS factory of single-vector collections (Milvus: the equivalent index)")
     p.add_argument("--token-factory", default="HNSW32", help="FAISS factory of the token ANN (mode tokens)")
@@ -62,16 +62,16 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "ray" and (args.ray_address or args.workers or args.worker_threads):
         from embedpool.errors import InvalidError
 
-        raise InvalidError("--ray-address, --workers and --worker-threads apply to --engine ray only")
+        raise InvalidError("--ray-address, --workers and --worker-threads apply to --engine ray only", param="--engine")
     if args.engine == "ray":  # before the model loads
         import_extra("ray", "ray", "--engine ray")
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)
     poolers = args.poolers or [settings.pooler]
-    companion = None if str(args.companion).lower() in ("none", "") else args.companion
+    companion_pooler = None if str(args.companion_pooler).lower() in ("none", "") else args.companion_pooler
     job = IndexJob(embedder, settings.data_dir, args.collection, poolers, source=source.describe(),
-                   companion=companion, factory=args.factory, token_factory=args.token_factory,
+                   companion_pooler=companion_pooler, factory=args.factory, token_factory=args.token_factory,
                    dimensions=args.dimensions, normalize=not args.no_normalize, store_text=not args.no_text,
                    **job_options(args), **settings.store())
     with job:

@@ -4,7 +4,6 @@ through the one retrieval path (:mod:`app.retrieval`) the HTTP route and the eva
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 
@@ -36,20 +35,17 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from embedpool.app.retrieval import Search, companion_name, retrieve
+    from embedpool.app.retrieval import Search, retrieve
     from embedpool.index import open_collection
 
     settings = from_args(args)
-    with contextlib.ExitStack() as stack:
-        coll = stack.enter_context(open_collection(settings.data_dir, args.collection, **settings.store(reads=True)))
+    with open_collection(settings.data_dir, args.collection, **settings.store(reads=True)) as coll:
         _require_documents(coll, args.collection)
         # BM25 alone embeds nothing: no model to load
         embedder = None if args.mode == "bm25" else load_embedder(from_args(args, model=_model_of(coll, args)))
-        need = companion_name(coll.spec, args.mode, args.collection, args.vector_mode)
-        comp = stack.enter_context(open_collection(settings.data_dir, need, **settings.store(reads=True))) if need else None
-        plan = Search(coll, embedder.natural_dim if embedder else coll.spec.dim, k=args.k, mode=args.mode, candidates=args.candidates,
-                      k_token=args.k_token, companion=comp, filter=args.filter, vector_mode=args.vector_mode,
-                      fusion=args.fusion, weight=args.weight)
+        plan = Search(coll, embedder.natural_dim if embedder else coll.spec.dim, k=args.k, mode=args.mode,
+                      candidates=args.candidates, k_token=args.k_token, filter=args.filter,
+                      vector_mode=args.vector_mode, fusion=args.fusion, weight=args.weight)
         hits = retrieve(embedder, args.query, plan)
     out = sys.stdout
     for text, hs in zip(args.query, hits):
@@ -81,5 +77,5 @@ def _model_of(coll, args: argparse.Namespace) -> str:
 
         if resolve_model(args.model)[0] != spec.model:
             raise InvalidError(f"collection {args.collection!r} was made with model {spec.model!r}, "
-                               f"not {args.model!r}; leave --model out to use the collection's model")
+                               f"not {args.model!r}; leave --model out to use the collection's model", param="--model")
     return spec.model

@@ -120,7 +120,7 @@ def guard_texts(args: argparse.Namespace) -> Texts | None:
         return None
     split = args.guard_split or ("train" if args.guard_data else "dev")
     if split == "test":
-        raise InvalidError("--guard-split test: early stopping must not look at a test split")
+        raise InvalidError("--guard-split test: early stopping must not look at a test split", param="--guard-split")
     return _pairs(args.guard_data, args.guard_sts, split)
 
 
@@ -132,7 +132,7 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
         from embedpool.poolers.training import ict_spans
 
         if args.self_supervised != "ict":
-            raise InvalidError("--corpus needs --self-supervised ict")
+            raise InvalidError("--corpus needs --self-supervised ict", param="--corpus")
         # documents as retrieval evaluation reads them (title + " " + text, file order): their
         # token states are one cache shared with the evaluation
         docs = [r.text for r in datasets.load_corpus(args.corpus)][: args.max_docs]
@@ -141,9 +141,9 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
     dev = None
     if args.dev_split:
         if args.dev_split == "test":
-            raise InvalidError("--dev-split test: early stopping must not look at the test split")
+            raise InvalidError("--dev-split test: early stopping must not look at the test split", param="--dev-split")
         if not (args.data or args.sts):
-            raise InvalidError("--dev-split needs --data or --sts")
+            raise InvalidError("--dev-split needs --data or --sts", param="--dev-split")
         dev = _pairs(args.data, args.sts, args.dev_split)
     if len(train.pairs) < 4:
         raise InvalidError(f"only {len(train.pairs)} training pairs found; need at least 4")
@@ -170,7 +170,7 @@ def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_
         raise TooLargeError(
             f"the token states to train on take {need / 2**30:.1f} GiB{' with every layer' if all_layers else ''}, "
             f"over --max-state-bytes {max_bytes / 2**30:.1f} GiB: train on fewer pairs or documents "
-            "(--max-docs), or raise --max-state-bytes if this machine has the memory")
+            "(--max-docs), or raise --max-state-bytes if this machine has the memory", param="--max-state-bytes")
     if train.docs is not None:
         n_texts = len({a for a, _ in train.pairs}) + len(train.docs)
     else:

@@ -88,7 +88,7 @@ def _baseline(embedder, variants: list[Variant], baseline: str | None) -> Varian
         if v.canonical == c and (mode is None or v.mode == mode):
             return v
     raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers "
-                       f"({', '.join(v.label for v in variants)})")
+                       f"({', '.join(v.label for v in variants)})", param="--baseline")
 
 
 # ---------------------------------------------------------------------------------- queries
@@ -148,9 +148,9 @@ def _check(poolers: list[str], modes) -> list[str]:
     modes = list(dict.fromkeys(modes))
     for m in modes:
         if m not in ALL_MODES:
-            raise InvalidError(f"unknown mode {m!r}; use one of {', '.join(ALL_MODES)}")
+            raise InvalidError(f"unknown mode {m!r}; use one of {', '.join(ALL_MODES)}", param="--mode")
     if not poolers:
-        raise InvalidError("give at least one --pooler")
+        raise InvalidError("give at least one --pooler", param="--pooler")
     return modes
 
 
@@ -260,7 +260,7 @@ def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, e
 
 def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: list[str] = ("exhaustive",),
                        baseline: str | None = None, stat_test: str = "student", candidates: int = 100,
-                       companion: str = "auto", k_token: int = 32, index_dir: str | Path | None = None,
+                       companion_pooler: str = "auto", k_token: int = 32, index_dir: str | Path | None = None,
                        name: str = "eval",
                        commit_every: int = 500, storage_precision: str = "float32",
                        progress: bool = True, query_vectors: QueryVectors | None = None,
@@ -289,7 +289,7 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
     with tempfile.TemporaryDirectory(prefix="embedpool-eval-") as tmp:
         job = IndexJob(embedder, index_dir or tmp, name, list(dict.fromkeys(v.spec for v in variants if v.mode != BM25)),
                        source={"eval": data.info, "documents": len(data.corpus)},
-                       companion=companion if need_companion else None, commit_every=commit_every,
+                       companion_pooler=companion_pooler if need_companion else None, commit_every=commit_every,
                        storage_precision=storage_precision, progress=progress, log=log, **job_options)
         with job:
             t0 = time.perf_counter()

@@ -20,7 +20,7 @@ def synthetic_long(data: BeirData, distractors: int, n_queries: int | None = 100
     """Needle-in-a-haystack variant of a BEIR set (see the module docstring). The query sample
     depends on ``seed`` only, so every ``K`` uses the same queries and needles."""
     if distractors < 0:
-        raise InvalidError("--distractors must be >= 0")
+        raise InvalidError("--distractors must be >= 0", param="--distractors")
     qids = list(data.qrels)
     if n_queries and n_queries < len(qids):
         qids = random.Random(seed).sample(qids, n_queries)

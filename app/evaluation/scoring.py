@@ -26,7 +26,7 @@ def score_runs(qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[
     Returns ``{label: {"metrics": {m: mean}, "per_query": {m: {qid: score}}, "p_values": {m: p}}}``
     (``p_values`` empty for the baseline itself)."""
     if stat_test not in STAT_TESTS:
-        raise InvalidError(f"stat test must be one of {', '.join(STAT_TESTS)}")
+        raise InvalidError(f"stat test must be one of {', '.join(STAT_TESTS)}", param="--stat-test")
     if "numba" not in sys.modules:
         # ranx's numba kernels: one thread starts ~3x faster on a busy 2-core machine and the
         # problems here are far too small to gain from more
@@ -52,7 +52,7 @@ def score_runs(qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[
                           "per_query": per, "p_values": {}}
         if baseline is not None and len(rruns) > 1:
             if baseline not in rruns:
-                raise InvalidError(f"baseline {baseline!r} is not among the runs")
+                raise InvalidError(f"baseline {baseline!r} is not among the runs", param="--baseline")
             labels = [baseline] + [x for x in rruns if x != baseline]
             rep = compare(rq, [rruns[x] for x in labels], list(metrics), stat_test=stat_test)
             comp = rep.to_dict()[baseline]["comparisons"]

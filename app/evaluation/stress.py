@@ -76,7 +76,8 @@ class Distractors:
         """``text`` with distractor words making up ``ratio`` of its tokens: ``(stressed text,
         the text's tokens, the distractor tokens)``."""
         if not 0.0 <= ratio <= MAX_RATIO:
-            raise InvalidError(f"a distractor ratio must be between 0 and {MAX_RATIO}, got {ratio}")
+            raise InvalidError(f"a distractor ratio must be between 0 and {MAX_RATIO}, got {ratio}",
+                               param="--stress-ratios")
         own = text.split()
         n = sum(self.counts(own))
         target = round(ratio * n / (1 - ratio)) if ratio else 0
@@ -105,7 +106,8 @@ def check_ratios(ratios: Sequence[float]) -> list[float]:
     out = sorted({0.0, *(float(r) for r in ratios)})
     bad = [r for r in out if not 0.0 <= r <= MAX_RATIO]
     if bad:
-        raise InvalidError(f"--stress-ratios must lie in [0, {MAX_RATIO}] (fractions of tokens), got {bad[0]}")
+        raise InvalidError(f"--stress-ratios must lie in [0, {MAX_RATIO}] (fractions of tokens), got {bad[0]}",
+                           param="--stress-ratios")
     return out
 
 
@@ -119,7 +121,7 @@ def evaluate_stress(embedder, poolers: list[str], ratios: Sequence[float], *, si
     report of ``task: stress`` whose rows are the plain evaluation's rows with ``ratio`` and the
     measured ``injected_fraction`` (distractor tokens over all tokens of the stressed texts)."""
     if side not in SIDES:
-        raise InvalidError(f"--stress-side must be one of {', '.join(SIDES)}, got {side!r}")
+        raise InvalidError(f"--stress-side must be one of {', '.join(SIDES)}, got {side!r}", param="--stress-side")
     if (sts is None) == (data is None):
         raise InvalidError("the stress test runs on either STS pairs or a BEIR data set")
     ratios = check_ratios(ratios)
@@ -147,7 +149,8 @@ def evaluate_stress(embedder, poolers: list[str], ratios: Sequence[float], *, si
         assert data is not None
         pool = Distractors(tok, [d.text for d in data.corpus] + list(data.queries.values()), seed)
         if side == "both":
-            raise InvalidError("--stress-side both is for STS; on retrieval stress documents or queries")
+            raise InvalidError("--stress-side both is for STS; on retrieval stress documents or queries",
+                               param="--stress-side")
         reports = _retrieval(embedder, data, poolers, ratios, side, pool, seed, log, kw)
         metric, base = "ndcg@10", "retrieval"
     first = reports[0]

@@ -32,7 +32,7 @@ def _baseline_spec(embedder, specs: list[str], baseline: str | None) -> str:
     mean = embedder.canonical("mean")
     bc = embedder.canonical(baseline) if baseline else (mean if mean in specs else specs[0])
     if bc not in specs:
-        raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers")
+        raise InvalidError(f"--baseline {baseline!r} is not one of the evaluated poolers", param="--baseline")
     return bc
 
 

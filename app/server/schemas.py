@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     AfterValidator,
     BeforeValidator,
     BaseModel,
@@ -85,6 +86,13 @@ Ranges = Annotated[list[Annotated[list[float], Field(min_length=1, max_length=65
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def exactly_one(model: BaseModel, a: str, a_is: str, b: str, b_is: str) -> Any:
+    """``model`` if exactly one of its fields ``a`` and ``b`` is given (a model validator's check)."""
+    if (getattr(model, a) is None) == (getattr(model, b) is None):
+        raise ValueError(f"give exactly one of {a!r} ({a_is}) or {b!r} ({b_is})")
+    return model
 
 
 MODEL_DOC = ("which served model answers: its name (`--model NAME=...`), its id or an alias (GET /v1/models "
@@ -456,11 +464,13 @@ class CollectionCreate(Strict):
     normalized: StrictBool = True
     precision: Literal["float32", "float16", "int8"] = Field("float32", description="multi: token vector storage")
     token_factory: StrictStr = Field("HNSW32", max_length=256, description="multi: FAISS factory of the token ANN index")
-    companion: PoolerSpec | None = Field(
-        None, description="multi: pooler of the companion vectors the collection keeps for `two_stage` candidates, "
-                          "written with every upsert and delete: `mean`, `fde:...`, a per-window form "
-                          "(`mean:per_window=true`: one row per window of a long document) or `auto` (a per-window "
-                          "mean for poolers that window long documents, else `mean`). Default: none")
+    companion_pooler: PoolerSpec | None = Field(
+        None, validation_alias=AliasChoices("companion_pooler", "companion"),
+        description="multi: pooler of the companion -- the single vectors the collection keeps for `two_stage` "
+                    "candidates, written with every upsert and delete: `mean`, `fde:...`, a per-window form "
+                    "(`mean:per_window=true`: one row per window of a long document) or `auto` (a per-window "
+                    "mean for poolers that window long documents, else `mean`). Default: none. (`companion` is "
+                    "its older name.)")
     companion_factory: StrictStr = Field("IDMap2,Flat", max_length=256,
                                          description="multi: FAISS factory of the companion index")
     analyzer: StrictStr = Field("english", max_length=64, description=(
@@ -479,8 +489,6 @@ class CollectionInfo(BaseModel):
     factory: str
     precision: str
     token_factory: str
-    companion: str | None = Field(None, description="a separate companion collection (collections made before "
-                                                      "collections kept their companion)")
     companion_pooler: str | None = Field(None, description="pooler of the companion vectors the collection keeps")
     companion_dim: int = 0
     companion_rows: str = Field("document", description="`document` (one companion vector per document) or "
@@ -559,9 +567,7 @@ class SearchRequest(Strict):
 
     @model_validator(mode="after")
     def _one_query_field(self) -> "SearchRequest":
-        if (self.query is None) == (self.queries is None):
-            raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list of strings)")
-        return self
+        return exactly_one(self, "query", "a string", "queries", "a list of strings")
 
 
 class DocumentsDelete(Strict):
@@ -572,9 +578,7 @@ class DocumentsDelete(Strict):
 
     @model_validator(mode="after")
     def _one_field(self) -> "DocumentsDelete":
-        if (self.ids is None) == (self.filter is None):
-            raise ValueError("give exactly one of 'ids' (a list of document ids) or 'filter' (a metadata filter)")
-        return self
+        return exactly_one(self, "ids", "a list of document ids", "filter", "a metadata filter")
 
 
 class DocumentsDeleted(BaseModel):

@@ -432,7 +432,6 @@ class FaissCollection(CollectionBase):
                 self._db.close()
                 self._probe.close()
                 self._closed = True
-            self._close_companion()
 
     def __repr__(self) -> str:
         return f"Collection({str(self.folder)!r}, kind={self.spec.kind!r}, documents={len(self)})"
@@ -446,7 +445,7 @@ class FaissCollection(CollectionBase):
             return None
         if not self._db.has_fields:
             raise InvalidError(f"collection {self.name!r} was made before metadata filters existed; "
-                               "index its documents into a new collection to filter them")
+                               "index its documents into a new collection to filter them", param="filter")
         key = (flt, self._gen, self._writes)
         with self._filter_lock:
             ids = self._filter_cache.get(key)
@@ -539,34 +538,13 @@ class FaissCollection(CollectionBase):
             cands = self._vec.companion_candidates(cq, candidates, self._matching(flt))
             return self._hits([topk(*self._vec.rerank_topk(q, c, k), k) for q, c in zip(qs, cands)])
 
-    def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
-                flt: Node | None = None) -> list[list[Hit]]:
-        with self._rw.read():
-            self._check_open()
-            ext2int = self._db.lookup_ext(sorted({e for lst in ext_lists for e in lst}))
-            ids = self._matching(flt)
-            out = []
-            for q, lst in zip(qs, ext_lists):
-                cand = np.array([ext2int[e] for e in lst if e in ext2int], dtype=np.int64)
-                if ids is not None:
-                    cand = cand[np.isin(cand, ids)]
-                out.append(topk(*self._vec.rerank_topk(q, cand, k), k))
-            return self._hits(out)
-
-    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
-        with self._rw.read():
-            self._check_open()
-            _, I = self._vec.search(x, k, self._matching(flt))
-            names = self._db.ext_of(int(i) for i in np.unique(I) if i >= 0)
-        return [[names[int(i)] for i in row if i >= 0 and int(i) in names] for row in I]
-
     def _search_lexical(self, texts: list[str], k: int, flt: Node | None = None) -> list[list[Hit]]:
         analyzer = parse_analyzer(self.spec.analyzer)
         matches = [analyzer.match(t) for t in texts]  # analyzed outside the lock
         with self._rw.read():
             self._check_open()
             if not self._db.has_lexical:
-                raise InvalidError(f"collection {self.name!r} has no lexical index")
+                raise InvalidError(f"collection {self.name!r} has no lexical index", param="mode")
             if flt is not None and not self._db.has_fields:
                 self._matching(flt)  # says why it cannot filter
             share = None if flt is None else self._share(flt)
@@ -586,13 +564,6 @@ class FaissCollection(CollectionBase):
             self.delete([names[int(i)] for i in ids])
             return len(ids)
 
-    def _open_sibling(self, name: str) -> "FaissCollection":
-        return FaissCollection.open(self.data_dir, name)
-
-    def _sync(self) -> None:
-        if not self._db.in_transaction:
-            self.refresh()  # pick up commits made since it was opened
-
     def _hits(self, results: list[list[tuple[float, int]]]) -> list[list[Hit]]:
         """Attach ids, text and metadata (caller holds the read lock)."""
         docs = self._db.fetch({i for r in results for _, i in r})
@@ -606,7 +577,7 @@ class FaissCollection(CollectionBase):
         with self._rw.read():
             found = self._db.lookup_ext([id]) if isinstance(id, str) else {}
             if id not in found:
-                raise NotFoundError(f"no document {id!r} in collection {self.name!r}")
+                raise NotFoundError(f"no document {id!r} in collection {self.name!r}", param="id")
             int_id = found[id]
             ext, text, meta = self._db.fetch([int_id])[int_id]
             return {"id": ext, "text": text, "metadata": meta, **self._vec.vectors_of(int_id)}

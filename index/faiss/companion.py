@@ -36,7 +36,7 @@ def row_ids(int_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def check_rows(counts: np.ndarray) -> None:
     if len(counts) and int(np.max(counts)) >= MAX_ROWS:
         raise InvalidError(f"a document has {int(np.max(counts))} companion rows; at most {MAX_ROWS - 1} "
-                           "are supported")
+                           "are supported", param="companion")
 
 
 class CompanionRows(SingleStore):

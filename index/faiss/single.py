@@ -190,7 +190,7 @@ class SingleStore(VectorStore):
             raise InvalidError(
                 f"index {self.spec.factory!r} is trained on the first batch added, which must hold "
                 f"at least {need} vectors (FAISS recommends {rec}); this batch has {n}. Add a larger "
-                "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')")
+                "first batch, or use a factory that needs no training ('IDMap2,Flat', 'HNSW32')", param="factory")
 
     def add(self, int_ids: np.ndarray, x: np.ndarray, companion: None = None) -> None:
         if not self.index.is_trained:

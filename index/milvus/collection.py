@@ -27,7 +27,7 @@ from .creation import MANIFEST_KEY, create_if_absent, damage, describe, repair
 from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
 from .names import milvus_name, pk, quote
 from .packed import Packing
-from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, SPARSE_FIELD, companion_name,
+from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, SPARSE_FIELD, companion_rows_name,
                      doc_counts, text_and_metadata, tokens_name, vector_rows, with_stand_ins)
 
 log = logging.getLogger("embedpool.index")
@@ -159,7 +159,6 @@ class MilvusCollection(CollectionBase):
         self.uri = conn.uri
         self.spec = CollectionSpec.from_dict(manifest)
         self._conn = conn
-        self._token = conn.token
         self._mname = milvus_name(name)
         self._manifest = manifest
         self._wlock = ClientPool.write_lock(conn, self._mname)
@@ -167,7 +166,7 @@ class MilvusCollection(CollectionBase):
         self._tname = tokens_name(self._mname)  # multi: the token rows
         self._row_colls = [n for n, _ in vector_rows(self._mname, self.spec)]  # token and companion rows
         has_companion = self.spec.companion_pooler is not None
-        self._cname = companion_name(self._mname) if has_companion else None  # the companion rows
+        self._cname = companion_rows_name(self._mname) if has_companion else None  # the companion rows
         self._companion_base = milvus_index(self.spec.companion_factory)[2] if has_companion else {}
         # companion candidates by a grouping search where Milvus has one (2.4+), until it refuses one
         self._group_by = conn.features.group_by
@@ -354,7 +353,6 @@ class MilvusCollection(CollectionBase):
         if self._props:
             log.warning("collection %r closed with uncommitted properties; they are discarded", self.name)
         self._closed = True
-        self._close_companion()
         ClientPool.release(self._conn)
 
     def __repr__(self) -> str:
@@ -396,11 +394,6 @@ class MilvusCollection(CollectionBase):
             return []
         res = self._filtered_ann(x, k, self._doc_fields, flt)
         return [[Hit(h["id"], float(h["distance"]), *text_and_metadata(h["entity"])) for h in row] for row in res]
-
-    def _candidate_ids(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[str]]:
-        if not len(x):
-            return []
-        return [[h["id"] for h in row] for row in self._filtered_ann(x, k, [], flt)]
 
     def _filtered_ann(self, x: np.ndarray, k: int, fields: list[str], flt: Node | None) -> list[list[dict]]:
         """Single-vector top-k with the filter in Milvus' search. An approximate index (HNSW,
@@ -494,6 +487,7 @@ class MilvusCollection(CollectionBase):
 
     def _rerank(self, qs: list[np.ndarray], ext_lists: list[list[str]], k: int,
                 flt: Node | None = None) -> list[list[Hit]]:
+        """Exact MaxSim of each query against its candidate documents (ids), on their stored codes."""
         if flt is not None:
             keep = set(self._matching(flt))
             ext_lists = [[e for e in lst if e in keep] for lst in ext_lists]
@@ -519,7 +513,7 @@ class MilvusCollection(CollectionBase):
             raise InvalidError(
                 f"collection {self.name!r} in Milvus at {self.uri} has no full-text (BM25) index: "
                 + ("the Milvus server it was created on had no full-text search (Milvus 2.5 and later have it)"
-                   if self.spec.lexical else "it was created without one (analyzer 'none')"))
+                   if self.spec.lexical else "it was created without one (analyzer 'none')"), param="mode")
         field = "doc_id" if self._multi else "id"
         res = self._rpc(f"search of {self.name!r}", "search", data=list(texts), limit=min(k, MAX_TOPK),
                         anns_field=SPARSE_FIELD, output_fields=[field, *self._doc_fields], filter=self._expr(flt),
@@ -533,9 +527,6 @@ class MilvusCollection(CollectionBase):
             ids = self._matching(flt)
         self.delete(ids)
         return len(ids)
-
-    def _open_sibling(self, name: str) -> "MilvusCollection":
-        return MilvusCollection.open(self.uri, name, token=self._token)
 
     # ---- reads ----------------------------------------------------------------------------------
     def _fetch_codes(self, doc_ids: list[str] | None, heads_out: list[dict] | None = None) -> tuple[Any, ...]:
@@ -632,7 +623,7 @@ class MilvusCollection(CollectionBase):
             else:
                 heads = self._get([id], ["id", *self._doc_fields, "vector"])
         if not heads:
-            raise NotFoundError(f"no document {id!r} in collection {self.name!r}")
+            raise NotFoundError(f"no document {id!r} in collection {self.name!r}", param="id")
         h = heads[0]
         text, meta = text_and_metadata(h)
         out: dict[str, Any] = {"id": id, "text": text, "metadata": meta}
@@ -714,12 +705,12 @@ def _check_sizes(ids: list[str], texts: list[str | None]) -> None:
     """Milvus' field limits on ids and texts (checked before anything is written)."""
     for i in ids:
         if len(i.encode()) > MAX_ID_BYTES:
-            raise InvalidError(f"id {i[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
+            raise InvalidError(f"id {i[:40]!r}... is longer than {MAX_ID_BYTES} bytes", param="ids")
     for i, t in zip(ids, texts):
         if t is not None and len(t.encode()) > MAX_TEXT_BYTES:
             raise InvalidError(
                 f"text of id {i!r} is {len(t.encode())} bytes; Milvus stores at most "
-                f"{MAX_TEXT_BYTES} bytes of text per document")
+                f"{MAX_TEXT_BYTES} bytes of text per document", param="texts")
 
 
 def _count_rows(conn: Connection, name: str) -> int:

@@ -38,7 +38,7 @@ def milvus_index(factory: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         return "IVF_PQ", {"nlist": nlist, "m": int(m.group(3)), "nbits": int(m.group(4) or 8)}, search
     raise InvalidError(
         f"factory {factory!r} has no Milvus equivalent; with backend='milvus' use 'Flat' "
-        "('IDMap2,Flat'), 'HNSW<M>', 'HNSW<M>_SQ8', 'IVF<n>,Flat', 'IVF<n>,SQ8' or 'IVF<n>,PQ<m>'")
+        "('IDMap2,Flat'), 'HNSW<M>', 'HNSW<M>_SQ8', 'IVF<n>,Flat', 'IVF<n>,SQ8' or 'IVF<n>,PQ<m>'", param="factory")
 
 
 def vector_factory(spec: CollectionSpec) -> str:

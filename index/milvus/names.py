@@ -16,7 +16,7 @@ def milvus_name(name: str) -> str:
     check_name(name)
     out = PREFIX + "".join(_ENC.get(c, c) for c in name)
     if len(out) > 255:
-        raise InvalidError(f"collection name {name!r} is too long for Milvus")
+        raise InvalidError(f"collection name {name!r} is too long for Milvus", param="name")
     return out
 
 

@@ -79,7 +79,7 @@ def tokens_name(mname: str) -> str:
     return mname + TOKENS_SUFFIX
 
 
-def companion_name(mname: str) -> str:
+def companion_rows_name(mname: str) -> str:
     """The Milvus collection of the companion rows a multi-vector collection keeps."""
     return mname + COMPANION_SUFFIX
 
@@ -87,7 +87,7 @@ def companion_name(mname: str) -> str:
 def hidden_names(mname: str) -> tuple[str, ...]:
     """Every Milvus collection that may belong to collection ``mname`` besides itself (dropped
     with it)."""
-    return tokens_name(mname), companion_name(mname)
+    return tokens_name(mname), companion_rows_name(mname)
 
 
 def doc_counts(spec: CollectionSpec) -> tuple[str, ...]:
@@ -105,7 +105,7 @@ def vector_rows(mname: str, spec: CollectionSpec) -> list[tuple[str, CollectionS
         return []
     out = [(tokens_name(mname), spec)]
     if spec.companion_pooler is not None:
-        out.append((companion_name(mname), spec.companion_spec()))
+        out.append((companion_rows_name(mname), spec.companion_spec()))
     return out
 
 

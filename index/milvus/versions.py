@@ -78,7 +78,7 @@ class MilvusFeatures:
         if index_type == "HNSW_SQ" and not self.hnsw_sq:
             raise InvalidError(
                 f"{field}: the HNSW_SQ index (factory 'HNSW<M>_SQ8') needs Milvus 2.6 or later, and the "
-                f"server is {self.name}; use 'HNSW<M>' (or 'IVF<n>,SQ8' for 8-bit codes)")
+                f"server is {self.name}; use 'HNSW<M>' (or 'IVF<n>,SQ8' for 8-bit codes)", param=field)
 
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")

@@ -1,4 +1,4 @@
-"""``--companion fde``: the index job makes every multi-vector collection keep companion rows of
+"""``--companion-pooler fde``: the index job makes every multi-vector collection keep companion rows of
 MUVERA FDEs, whose manifest records every FDE parameter; ``two_stage`` takes its candidates from
 an FDE companion in FAISS Flat / HNSW / IVF and Milvus Lite HNSW / IVF with the same results;
 query FDEs made with other parameters are refused. The real model, FAISS on disk and Milvus Lite."""
@@ -28,17 +28,17 @@ def test_index_job_with_fde_companion_and_two_stage_search(embedder, data_dir, t
     recs = _corpus(corpus, data_dir, 16, chars=400)
     d = tmp_path / "data"
     src = CorpusSource(str(corpus))
-    with IndexJob(embedder, d, "sf", ["cluster:pool_factor=2"], companion="fde", factory="HNSW32",
+    with IndexJob(embedder, d, "sf", ["cluster:pool_factor=2"], companion_pooler="fde", factory="HNSW32",
                   source=src.describe(), progress=False, batch_docs=8) as job:
         summary = job.run(src.records(), total=src.count())
     fde = embedder.pooler("fde")
-    kinds = {c["collection"]: (c["kind"], c["documents"], c["companion"]) for c in summary["collections"]}
+    kinds = {c["collection"]: (c["kind"], c["documents"], c["companion_pooler"]) for c in summary["collections"]}
     assert kinds == {"sf": ("multi", 16, fde.spec)}  # no second collection: sf keeps its companion rows
     with open_collection(d, "sf") as coll:  # the manifest pins every FDE parameter
         spec = coll.spec
         assert spec.companion_pooler == fde.spec and "k_sim=" in spec.companion_pooler and "seed=" in fde.spec
         assert spec.companion_dim == fde.output_dim(384) and spec.companion_factory == "HNSW32"
-        assert (spec.companion_rows, spec.companion) == ("document", None)
+        assert spec.companion_rows == "document"
         assert coll.manifest["companion_pooler"] == fde.spec and coll.manifest["format_version"] == FORMAT_VERSION
         assert coll.stats()["companion_rows"] == 16
         np.testing.assert_allclose(coll.get(recs[3].id)["companion"][0],
@@ -61,34 +61,31 @@ def embedded(embedder, data_dir, tmp_path_factory):
     return [r.id for r in recs], docs, q
 
 
-def _companion(folder, name, factory, fde_spec, dim, ids, vectors, **where):
-    spec = CollectionSpec(kind="single", model=MODEL, pooler=fde_spec, dim=dim, factory=factory)
-    comp = open_collection(folder, name, spec, **where)
-    comp.add(ids, vectors, pooler=fde_spec)
-    comp.commit()
-    return comp
+def _with_fde_companion(folder, name, factory, fde_spec, dim, ids, docs, token_factory="HNSW32", **where):
+    """A tokens collection keeping an FDE companion indexed by ``factory``, holding ``docs``."""
+    spec = CollectionSpec(kind="multi", model=MODEL, pooler="tokens", dim=384, token_factory=token_factory,
+                          companion_pooler=fde_spec, companion_dim=dim, companion_factory=factory)
+    coll = open_collection(folder, name, spec, **where)
+    coll.add(ids, docs.vectors["tokens"], pooler="tokens", companion=docs.matrix("fde"))
+    coll.commit()
+    return coll
 
 
 def test_two_stage_fde_candidates_in_faiss_and_milvus_indexes_agree(embedder, embedded, tmp_path):
     ids, docs, q = embedded
     fde = embedder.pooler("fde")
     dim = fde.output_dim(384)
-    mspec = CollectionSpec(kind="multi", model=MODEL, pooler="tokens", dim=384)
-    multi = open_collection(tmp_path / "faiss", "mv", mspec)
-    multi.add(ids, docs.vectors["tokens"], pooler="tokens")
-    multi.commit()
-    fdes = docs.matrix("fde")
-    comps = {f"faiss {f}": _companion(tmp_path / "faiss", f"c{i}", f, fde.spec, dim, ids, fdes)
-             for i, f in enumerate(["IDMap2,Flat", "HNSW32", "IVF4,Flat"])}
     milvus = {"backend": "milvus", "milvus_uri": str(tmp_path / "m.db")}
-    comps.update({f"milvus {f}": _companion(tmp_path / "m", f"c{i}", f, fde.spec, dim, ids, fdes, **milvus)
+    colls = {f"faiss {f}": _with_fde_companion(tmp_path / "faiss", f"c{i}", f, fde.spec, dim, ids, docs)
+             for i, f in enumerate(["IDMap2,Flat", "HNSW32", "IVF4,Flat"])}
+    colls.update({f"milvus {f}": _with_fde_companion(tmp_path / "m", f"c{i}", f, fde.spec, dim, ids, docs, **milvus)
                   for i, f in enumerate(["HNSW32", "IVF4,Flat"])})
     try:
-        exact = [[h.id for h in r] for r in multi.search(q.vectors["tokens"], k=10)]
+        exact = [[h.id for h in r] for r in colls["faiss IDMap2,Flat"].search(q.vectors["tokens"], k=10)]
         results = {}
-        for name, comp in comps.items():
-            hits = multi.search(q.vectors["tokens"], k=10, mode="two_stage", candidates=20, companion=comp,
-                                companion_queries=q.matrix("fde"), companion_pooler=fde.spec)
+        for name, coll in colls.items():
+            hits = coll.search(q.vectors["tokens"], k=10, mode="two_stage", candidates=20,
+                               companion_queries=q.matrix("fde"), companion_pooler=fde.spec)
             results[name] = [[h.id for h in r] for r in hits]
         ref = results["faiss IDMap2,Flat"]
         for name, r in results.items():
@@ -100,18 +97,13 @@ def test_two_stage_fde_candidates_in_faiss_and_milvus_indexes_agree(embedder, em
         other = embedder.pooler("fde:seed=1")
         other_q = embedder.embed(["a query"], [other.spec], role="query").matrix(other.spec)
         with pytest.raises(ConflictError, match=r"made with pooler 'fde:.*seed=1.*embed the queries with"):
-            multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["faiss HNSW32"],
-                         companion_queries=other_q, companion_pooler=other.spec)
+            colls["faiss HNSW32"].search(q.vectors["tokens"][:1], mode="two_stage", companion_queries=other_q,
+                                         companion_pooler=other.spec)
         small = embedder.embed(["a query"], ["fde:reps=2"], role="query").matrix("fde:reps=2")
         with pytest.raises(ConflictError, match="dimension"):
-            multi.search(q.vectors["tokens"][:1], mode="two_stage", companion=comps["milvus HNSW32"],
-                         companion_queries=small)
-        # and documents of other FDE parameters cannot enter the companion
-        with pytest.raises(ConflictError, match="pooler"):
-            comps["faiss IDMap2,Flat"].add(["x"], other_q, pooler=other.spec)
+            colls["milvus HNSW32"].search(q.vectors["tokens"][:1], mode="two_stage", companion_queries=small)
     finally:
-        multi.close()
-        for c in comps.values():
+        for c in colls.values():
             c.close()
 
 
@@ -135,25 +127,21 @@ def _assert_same_hits(got, want, tol=1e-5):
 
 def test_milvus_packed_multi_vector_search_equals_faiss_exhaustive_maxsim(embedder, embedded, tmp_path):
     """The packed Milvus layout (one row per document) on a SciFact slice of real token states:
-    exhaustive and two_stage (FDE companion in Milvus) give FAISS's exhaustive MaxSim -- same ids,
+    exhaustive and two_stage (the FDE companion rows in Milvus) give FAISS's exhaustive MaxSim -- same ids,
     scores within 1e-5 -- and two_stage with 20 candidates gives FAISS's two_stage."""
     ids, docs, q = embedded
     fde = embedder.pooler("fde")
     dim = fde.output_dim(384)
     milvus = {"backend": "milvus", "milvus_uri": str(tmp_path / "m.db")}
-    mspec = CollectionSpec(kind="multi", model=MODEL, pooler="tokens", dim=384, token_factory="Flat")
-    colls = {b: open_collection(tmp_path / b, "mv", mspec, **w) for b, w in (("faiss", {}), ("milvus", milvus))}
-    comps = {b: _companion(tmp_path / b, "c", "IDMap2,Flat" if b == "faiss" else "HNSW32", fde.spec, dim,
-                           ids, docs.matrix("fde"), **w) for b, w in (("faiss", {}), ("milvus", milvus))}
+    colls = {b: _with_fde_companion(tmp_path / b, "mv", "IDMap2,Flat" if b == "faiss" else "HNSW32", fde.spec, dim,
+                                    ids, docs, token_factory="Flat", **w)
+             for b, w in (("faiss", {}), ("milvus", milvus))}
     try:
-        for c in colls.values():
-            c.add(ids, docs.vectors["tokens"], pooler="tokens")
-            c.commit()
         assert colls["milvus"].stats()["vectors"] == colls["faiss"].stats()["vectors"] > N_DOCS
         qt = q.vectors["tokens"]
 
         def two_stage(b, n):
-            return _scored(colls[b].search(qt, k=10, mode="two_stage", candidates=n, companion=comps[b],
+            return _scored(colls[b].search(qt, k=10, mode="two_stage", candidates=n,
                                            companion_queries=q.matrix("fde"), companion_pooler=fde.spec))
 
         exact = _scored(colls["faiss"].search(qt, k=10))
@@ -164,5 +152,5 @@ def test_milvus_packed_multi_vector_search_equals_faiss_exhaustive_maxsim(embedd
                           _scored(colls["faiss"].search(qt, k=10, mode="tokens", k_token=8)))
         np.testing.assert_allclose(colls["milvus"].get(ids[7])["vectors"], docs.vectors["tokens"][7], atol=0)
     finally:
-        for c in [*colls.values(), *comps.values()]:
+        for c in colls.values():
             c.close()

@@ -60,7 +60,7 @@ def test_index_and_search_cli_on_milvus(embedder, data_dir, tmp_path, monkeypatc
                   backend="milvus", milvus_uri=db) as job:
         s = job.run(src.records(), total=src.count())
     assert s["indexed_this_run"] == 12
-    assert {c["collection"]: (c["documents"], c["companion"]) for c in s["collections"]} == {"sf": (12, "mean")}
+    assert {c["collection"]: (c["documents"], c["companion_pooler"]) for c in s["collections"]} == {"sf": (12, "mean")}
 
 
 def test_search_refuses_an_empty_collection(tmp_path, capsys):

@@ -29,7 +29,7 @@ def _windows(embedder, texts: list[str]) -> list[int]:
 
 def _run(embedder, corpus, out, **kw) -> dict:
     src = CorpusSource(str(corpus))
-    with IndexJob(embedder, out, "L", POOLERS, companion="fde:per_window=true", source=src.describe(),
+    with IndexJob(embedder, out, "L", POOLERS, companion_pooler="fde:per_window=true", source=src.describe(),
                   storage_precision="int8", progress=False, **kw) as job:
         return job.run(src.records(), total=src.count())
 
@@ -70,7 +70,7 @@ def test_per_window_companion_ranks_like_exhaustive_and_deletes_with_the_documen
     recs = long_corpus(corpus, data_dir, n_docs=6, parts=6)
     src = CorpusSource(str(corpus))
     out = tmp_path / "d"
-    with IndexJob(embedder, out, "w", ["tokens:window=true"], companion="mean:per_window=true",
+    with IndexJob(embedder, out, "w", ["tokens:window=true"], companion_pooler="mean:per_window=true",
                   source=src.describe(), progress=False) as job:
         job.run(src.records(), total=src.count())
     windows = _windows(embedder, [r.text for r in recs])

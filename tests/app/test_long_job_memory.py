@@ -20,7 +20,7 @@ from job_testutil import ROOT, long_corpus
 
 pytestmark = pytest.mark.slow
 FLAGS = ["--pooler", "mean", "--pooler", "tokens:window=true", "--pooler", "cluster:pool_factor=4,window=true",
-         "--companion", "fde:window=true", "--storage-precision", "int8", "--no-progress"]
+         "--companion-pooler", "fde:window=true", "--storage-precision", "int8", "--no-progress"]
 BOUND_MB = 2500  # issue 21's target for any corpus on a 24 GB, 2-core machine
 GROWTH_MB = 200  # what doubling may add: the pending int8 codes of the extra documents (~60 MB) and noise;
 # the code before grew by their float32 vectors and copies of them (~4x those bytes, 700+ MB)

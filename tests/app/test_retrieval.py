@@ -1,13 +1,12 @@
 """One retrieval path: the HTTP route, ``embedpool search`` and the evaluation embed a query as
-each collection's manifest says -- the companion's too, with its own pooler and normalization --
-and give the same hits.
+each collection's manifest says -- the companion's too, with its own pooler -- and give the same
+hits.
 
-The case that split them: a two_stage search whose companion stores unnormalized vectors under
-the L2 metric with another pooler (``max``). The CLI reused the main collection's (normalized)
-query vectors for the companion whenever the dimensions matched, so its candidates -- and with a
-small ``candidates`` its hits -- differed from the server's. That companion is a separate
-collection named in the spec (how collections were made before they kept their companion rows
-themselves: such collections keep working); ``agree-own`` keeps its ``max`` companion rows."""
+The case that once split them: a two_stage search whose companion has another pooler than the
+collection (``agree-own`` keeps ``max`` companion rows beside its token vectors); the query must
+be embedded for the companion with that pooler, as its manifest says. A collection of an older
+embedpool that names a separate companion collection is refused on two_stage by all three
+surfaces alike, saying what to do."""
 
 from __future__ import annotations
 
@@ -56,23 +55,16 @@ OPTIONS = {
 
 @pytest.fixture(scope="module")
 def collections(server):
-    """On the test server: a tokens collection whose companion is ``max``-pooled, unnormalized,
-    L2; and a single-vector collection of unnormalized mean vectors under L2."""
+    """On the test server: a tokens collection whose companion is ``max``-pooled, and a
+    single-vector collection of unnormalized mean vectors under L2."""
     docs = [{"id": f"d{i}", "text": t, "metadata": META[i]} for i, t in enumerate(DOCS)]
-    # the older kind: a companion collection named in the spec (POST /collections takes a pooler now)
-    open_collection(server.data_dir, "agree-mv", CollectionSpec(
-        kind="multi", model="sentence-transformers/all-MiniLM-L6-v2", pooler="tokens", dim=384,
-        companion="agree-comp")).close()
     with server.client() as client:
-        for name, body in (("agree-comp", {"pooler": "max", "metric": "l2", "normalized": False}),
-                           ("agree-mv", None),
-                           ("agree-own", {"pooler": "tokens", "companion": "max"}),
+        for name, body in (("agree-own", {"pooler": "tokens", "companion_pooler": "max"}),
                            ("agree-l2", {"pooler": "mean", "metric": "l2", "normalized": False})):
-            if body is not None:
-                r = client.post("/collections", json={"name": name, **body})
-                assert r.status_code in (200, 201), r.text
+            r = client.post("/collections", json={"name": name, **body})
+            assert r.status_code in (200, 201), r.text
             assert client.post(f"/collections/{name}/documents", json=docs).status_code == 200
-    return ["agree-mv", "agree-own", "agree-l2"]
+    return ["agree-own", "agree-l2"]
 
 
 def _http(client, name: str, mode: str, options: dict | None = None) -> list[list[str]]:
@@ -105,21 +97,15 @@ def _eval(server, embedder, name: str, mode: str, options: dict | None = None) -
 
     o = {"mode": mode, **(options or {})}
     with open_collection(server.data_dir, name) as coll:
-        need = retrieval.companion_name(coll.spec, o["mode"], name, o.get("vector_mode", "exhaustive"))
-        comp = open_collection(server.data_dir, need) if need else None
-        try:
-            search = retrieval.Search(coll, embedder.dim, k=K, candidates=CANDIDATES, companion=comp, **o)
-            queries = QueryVectors([str(i) for i in range(len(QUERIES))], QUERIES, latency_queries=0)
-            queries.ensure(embedder, search.embeddings())
-            hits = [h for i in range(len(QUERIES)) for h in search.run(queries.vectors, [i], texts=QUERIES)]
-        finally:
-            if comp is not None:
-                comp.close()
+        search = retrieval.Search(coll, embedder.dim, k=K, candidates=CANDIDATES, **o)
+        queries = QueryVectors([str(i) for i in range(len(QUERIES))], QUERIES, latency_queries=0)
+        queries.ensure(embedder, search.embeddings())
+        hits = [h for i in range(len(QUERIES)) for h in search.run(queries.vectors, [i], texts=QUERIES)]
     return [[h.id for h in hs] for hs in hits]
 
 
 @pytest.mark.parametrize("name,mode,options", [
-    ("agree-mv", "two_stage", "plain"), ("agree-mv", "exhaustive", "plain"), ("agree-own", "two_stage", "plain"),
+    ("agree-own", "exhaustive", "plain"), ("agree-own", "two_stage", "plain"), ("agree-own", "tokens", "plain"),
     ("agree-l2", "exhaustive", "plain"), ("agree-l2", "exhaustive", "bm25"), ("agree-own", "exhaustive", "hybrid"),
     ("agree-l2", "exhaustive", "hybrid-score"), ("agree-own", "two_stage", "filtered")])
 def test_http_cli_and_eval_give_the_same_hits(collections, server, client, embedder, monkeypatch, capsys,
@@ -191,34 +177,55 @@ def test_delete_by_filter_over_http(server, client):
 
 def test_the_companion_is_searched_with_its_own_embedding(collections, server, client, embedder):
     """The two_stage hits are exact MaxSim over the companion's top candidates for the query
-    embedded as the companion's manifest says (max pooling, unnormalized, L2) -- computed here
-    from scratch with the embedder and numpy."""
+    embedded as the companion's manifest says (max pooling, role query) -- computed here from
+    scratch with the embedder and numpy."""
     texts = {f"d{i}": t for i, t in enumerate(DOCS)}
     ids = list(texts)
-    doc_max = embedder.embed(list(texts.values()), ["max"], normalize=False).matrix("max")
+    doc_max = embedder.embed(list(texts.values()), ["max"]).matrix("max")
     doc_tok = embedder.embed(list(texts.values()), ["tokens"]).vectors["tokens"]
-    q_max = embedder.embed(QUERIES, ["max"], role="query", normalize=False).matrix("max")
+    q_max = embedder.embed(QUERIES, ["max"], role="query").matrix("max")
     q_tok = embedder.embed(QUERIES, ["tokens"], role="query").vectors["tokens"]
     want = []
     for qm, qt in zip(q_max, q_tok):
-        cand = np.argsort(((doc_max - qm) ** 2).sum(1), kind="stable")[:CANDIDATES]
+        cand = np.argsort(-(doc_max @ qm), kind="stable")[:CANDIDATES]
         score = {ids[j]: retrieval.maxsim(qt, doc_tok[j]) for j in cand}
         want.append(sorted(score, key=lambda d: -score[d])[:K])
-    assert _http(client, "agree-mv", "two_stage") == want
-    # ... and not what the main collection's normalized query vectors would pick
-    q_norm = q_max / np.linalg.norm(q_max, axis=1, keepdims=True)
-    picked = [list(np.argsort(((doc_max - q) ** 2).sum(1))[:CANDIDATES]) for q in q_norm]
-    own = [list(np.argsort(((doc_max - q) ** 2).sum(1))[:CANDIDATES]) for q in q_max]
-    assert picked != own, "the test data must tell the two embeddings apart"
+    assert _http(client, "agree-own", "two_stage") == want
+    # ... and not exhaustive MaxSim: the candidates matter
+    assert _http(client, "agree-own", "exhaustive") != want, "the test data must tell the two apart"
+
+
+def test_two_stage_on_a_collection_naming_a_separate_companion_says_what_to_do(server, client, embedder, capsys,
+                                                                                 monkeypatch):
+    """A manifest of an older embedpool names a separate companion collection (``companion``),
+    which embedpool no longer reads: the HTTP route and ``embedpool search`` refuse two_stage on
+    it naming that collection and the way to a companion; every other mode still searches it."""
+    from embedpool.app import cli
+    from embedpool.app.commands import search as search_cmd
+
+    spec = CollectionSpec(kind="multi", model="sentence-transformers/all-MiniLM-L6-v2", pooler="tokens", dim=384)
+    open_collection(server.data_dir, "agree-old", spec).close()
+    path = server.data_dir / "agree-old" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "companion": "agree-comp"}))
+    assert client.post("/collections/agree-old/documents", json=[{"id": "d0", "text": DOCS[0]}]).status_code == 200
+    r = client.post("/collections/agree-old/search", json={"query": "x", "mode": "two_stage"})
+    assert r.status_code == 422 and "'agree-comp'" in r.text and "--companion-pooler" in r.text, r.text
+    assert client.post("/collections/agree-old/search", json={"query": "x"}).json()["hits"][0]["id"] == "d0"
+    monkeypatch.setattr(search_cmd, "load_embedder", lambda settings: embedder)
+    capsys.readouterr()
+    assert cli.main(["search", "--data-dir", str(server.data_dir), "--collection", "agree-old", "--mode", "two_stage",
+                     "--query", "x"]) == 2
+    assert "'agree-comp'" in capsys.readouterr().err
 
 
 def test_two_stage_without_a_companion_is_an_input_error(collections, client, server, embedder, capsys, monkeypatch):
     r = client.post("/collections/agree-l2/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 200  # a single-vector collection has no candidate stage: mode is moot
-    spec = CollectionSpec(kind="multi", pooler="tokens", dim=384)
-    with pytest.raises(InvalidError, match="has no companion for two_stage"):
-        retrieval.companion_name(spec, "two_stage", "lonely")
+    r = client.post("/collections", json={"name": "agree-lonely", "pooler": "tokens"})
+    assert r.status_code in (200, 201), r.text
+    r = client.post("/collections/agree-lonely/search", json={"query": "x", "mode": "two_stage"})
+    assert r.status_code == 422 and "keeps no companion vectors" in r.json()["error"]
     with pytest.raises(InvalidError, match="unknown search mode"):
-        retrieval.companion_name(spec, "fast", "lonely")
+        retrieval.vector_mode("fast")
     assert retrieval.collection_embedding(CollectionSpec(dim=128, normalized=False), 384) == \
         retrieval.Embedding("", EmbedOptions(role="query", normalize=False, dimensions=128))

@@ -237,7 +237,7 @@ def test_collections_crud_and_search(client):
 
 def test_multi_vector_collection_two_stage(client):
     r = client.post("/collections", json={"name": "mv", "pooler": "tokens", "precision": "float16",
-                                          "companion": "mean"})
+                                          "companion_pooler": "mean"})
     assert r.status_code == 201, r.text
     assert (r.json()["kind"], r.json()["companion_pooler"]) == ("multi", "mean")
     assert client.post("/collections/mv/documents", json=DOCS).status_code == 200

@@ -46,7 +46,7 @@ def test_colbert_served_at_parity_with_pylate(colbert_server, colbert_reference)
             assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)
 
         # a collection on the model's own pooler: PyLate's vectors, MaxSim ranking
-        r = c.post("/collections", json={"name": "cb", "pooler": "auto", "companion": "auto"})
+        r = c.post("/collections", json={"name": "cb", "pooler": "auto", "companion_pooler": "auto"})
         assert r.status_code == 201, r.text
         made = r.json()
         assert (made["kind"], made["dim"], made["companion_dim"]) == ("multi", dim, dim), made

@@ -22,7 +22,7 @@ def test_http_collection_keeps_per_window_companion_rows(server, client, embedde
     windows = {r.id: len(w) for r, w in zip(recs, embedder.encoder.windows([r.text for r in recs], WINDOWED,
                                                                            role="document"))}
     assert max(windows.values()) > 1
-    r = client.post("/collections", json={"name": "lw-http", "pooler": POOLER, "companion": COMPANION})
+    r = client.post("/collections", json={"name": "lw-http", "pooler": POOLER, "companion_pooler": COMPANION})
     assert r.status_code == 201, r.text
     info = r.json()
     assert (info["kind"], info["companion_pooler"], info["companion_rows"], info["companion_dim"]) == \
@@ -33,7 +33,7 @@ def test_http_collection_keeps_per_window_companion_rows(server, client, embedde
 
     # the same documents through the indexing job, into the server's data dir
     src = CorpusSource(str(tmp_path / "long.jsonl"))
-    with IndexJob(embedder, server.data_dir, "lw-cli", [POOLER], companion=COMPANION, source=src.describe(),
+    with IndexJob(embedder, server.data_dir, "lw-cli", [POOLER], companion_pooler=COMPANION, source=src.describe(),
                   progress=False) as job:
         job.run(src.records())
     queries = [x.text.split(". ")[0] for x in recs]
@@ -58,16 +58,18 @@ def test_http_companion_errors_say_what_to_send(client):
     assert client.post("/collections", json={"name": "lw-single", "pooler": "mean"}).status_code == 201
     r = client.post("/collections", json={"name": "lw-old", "pooler": "tokens", "companion": "lw-single"})
     assert r.status_code == 422 and "pooler" in r.json()["error"] and "lw-single" in r.json()["error"]
-    r = client.post("/collections", json={"name": "lw-multi", "pooler": "tokens", "companion": "cluster"})
+    r = client.post("/collections", json={"name": "lw-multi", "pooler": "tokens", "companion_pooler": "cluster"})
     assert r.status_code == 422 and "single-vector" in r.json()["error"]
-    r = client.post("/collections", json={"name": "lw-auto", "pooler": "tokens:window=true", "companion": "auto"})
+    r = client.post("/collections", json={"name": "lw-auto", "pooler": "tokens:window=true",
+                                          "companion_pooler": "auto"})
     assert r.status_code == 201 and r.json()["companion_pooler"] == COMPANION
-    r = client.post("/collections", json={"name": "lw-plain", "pooler": "tokens", "companion": "auto"})
+    r = client.post("/collections", json={"name": "lw-plain", "pooler": "tokens", "companion": "auto"})  # older name
     assert r.status_code == 201 and (r.json()["companion_pooler"], r.json()["companion_rows"]) == ("mean", "document")
     # a collection without a companion answers two_stage with a 422 that names the way to get one
     assert client.post("/collections", json={"name": "lw-none", "pooler": "tokens"}).status_code == 201
     assert client.post("/collections/lw-none/documents", json=[{"id": "a", "text": "x"}]).status_code == 200
     r = client.post("/collections/lw-none/search", json={"query": "x", "mode": "two_stage"})
-    assert r.status_code == 422 and "companion" in r.json()["error"]
+    assert r.status_code == 422 and "keeps no companion vectors" in r.json()["error"] \
+        and "companion_pooler" in r.json()["error"]
     for name in ("lw-single", "lw-auto", "lw-plain", "lw-none"):
         client.delete(f"/collections/{name}")

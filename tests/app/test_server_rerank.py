@@ -123,7 +123,7 @@ def scifact_collections(server, embedder, data_dir):
 
     data = ev.slice_beir(ev.load_beir(data_dir / "scifact", "test"), max_docs=160, max_queries=50, seed=1)
     assert len(data.queries) == 50
-    with IndexJob(embedder, server.data_dir, "sf-rerank", ["tokens", "mean"], companion="mean",
+    with IndexJob(embedder, server.data_dir, "sf-rerank", ["tokens", "mean"], companion_pooler="mean",
                   progress=False) as job:
         job.run(data.corpus)
         names = {t.spec: t.name for t in job.targets.values()}

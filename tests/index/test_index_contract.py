@@ -84,7 +84,7 @@ def _fill(coll, n=12, seed=0):
 
 def test_the_base_class_declares_the_whole_contract():
     assert CONTRACT <= CollectionBase.__abstractmethods__
-    for method in ("search", "candidate_ids", "manifest", "__enter__", "__exit__"):
+    for method in ("search", "delete_where", "manifest", "__enter__", "__exit__"):
         assert hasattr(CollectionBase, method)
     for cls in (FaissCollection, MilvusCollection):
         assert not inspect.isabstract(cls), cls.__abstractmethods__
@@ -150,26 +150,35 @@ def test_writes_reads_and_errors_agree(where):
 
 
 def test_multi_vector_search_modes_agree(where):
-    comp = _open(where, "comp", SINGLE)
-    coll = _open(where, "mv", CollectionSpec(**{**MULTI.to_dict(), "companion": "comp"}))
+    single = _open(where, "single", SINGLE)
+    coll = _open(where, "mv", PER_DOC)
     try:
-        ids, docs = _fill(coll)
-        comp.add(ids, np.stack([d.mean(0) / np.linalg.norm(d.mean(0)) for d in docs]))
-        comp.commit()
+        rng = np.random.default_rng(0)
+        ids, docs = [f"d{i}" for i in range(12)], rand_docs(rng, 12, DIM, 1, 4)
+        means = rand_unit(rng, 12, CDIM)  # the companion: a vector per document
+        coll.add(ids, docs, companion=means)
         coll.commit()
-        q = [docs[4], docs[7]]
-        cq = np.stack([d.mean(0) / np.linalg.norm(d.mean(0)) for d in q])
+        q, cq = [docs[4], docs[7]], means[[4, 7]]
         for mode in ("exhaustive", "tokens", "two_stage"):
             hits = coll.search(q, k=2, mode=mode, companion_queries=cq, k_token=4, candidates=5)
             assert [h[0].id for h in hits] == ["d4", "d7"], mode
-        assert coll.capabilities.supports_token_ann and not comp.capabilities.supports_token_ann
+        assert coll.capabilities.supports_token_ann and not single.capabilities.supports_token_ann
         coll.build_token_index()
         with pytest.raises(InvalidError, match="multi-vector collections only"):
-            comp.build_token_index()
+            single.build_token_index()
         assert coll.get("d4")["vectors"].shape == docs[4].shape
     finally:
         coll.close()
-        comp.close()
+        single.close()
+
+
+def test_two_stage_without_a_companion_says_how_to_get_one(where):
+    with _open(where, "plain", MULTI) as coll:
+        ids, docs = _fill(coll, n=3)
+        with pytest.raises(InvalidError, match="keeps no companion vectors.*--companion-pooler") as e:
+            coll.search([docs[0]], mode="two_stage", companion_queries=rand_unit(np.random.default_rng(0), 1, CDIM))
+        assert e.value.param == "mode"
+        assert [h[0].id for h in coll.search([docs[0]], k=1, mode="exhaustive")] == ["d0"]
 
 
 def test_properties_are_staged_until_commit_and_travel_with_the_collection(where):

@@ -28,7 +28,7 @@ from embedpool.index import (
     open_collection,
 )
 from embedpool.index.milvus import MANIFEST_KEY, ClientPool, embedpool_name, milvus_index, milvus_name  # noqa: E402
-from index_testutil import rand_docs, rand_unit  # noqa: E402
+from index_testutil import rand_docs, rand_unit, unit  # noqa: E402
 
 DIM = 16
 SPEC = CollectionSpec(kind="single", model="all-MiniLM-L6-v2", pooler="mean", dim=DIM)
@@ -308,24 +308,21 @@ def test_scifact_top10_equal_faiss_flat_and_milvus_flat(mv, tmp_path):
 @pytest.fixture
 def multi_pair(mv, tmp_path, rng):
     """The same documents in a FAISS and a Milvus multi-vector collection (exact token index),
-    each with a mean-pooled companion."""
+    each keeping a mean-pooled companion."""
 
     def make(precision="float32"):
         docs = rand_docs(rng, 60, DIM, lo=2, hi=10)
         ids = [f"d{i}" for i in range(60)]
         pooled = rand_unit(rng, 60, DIM) * 0.2 + np.stack([d.mean(0) for d in docs])
         pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
-        multi = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat")
-        single = CollectionSpec(kind="single", dim=DIM)
+        multi = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat",
+                               companion_pooler="mean", companion_dim=DIM)
         out = {}
         for backend, open_ in (("faiss", lambda n, s: open_collection(tmp_path, n, s)),
                                ("milvus", mv)):
-            p = open_(f"pooled-{precision}", single)
-            p.add(ids, pooled)
-            p.commit()  # the FAISS multi collection opens its companion from disk
-            m = open_(f"multi-{precision}", CollectionSpec(**{**multi.to_dict(), "companion": p.name}))
-            m.add(ids, docs, texts=[f"t{i}" for i in ids], metadata=[{"i": i} for i in range(60)])
-            out[backend] = (m, p)
+            m = open_(f"multi-{precision}", multi)
+            m.add(ids, docs, texts=[f"t{i}" for i in ids], metadata=[{"i": i} for i in range(60)], companion=pooled)
+            out[backend] = m
         q = [d[: max(1, len(d) // 2)] + 0.05 * rand_unit(rng, max(1, len(d) // 2), DIM)
              for d in (docs[3], docs[17], docs[42])]
         cq = np.stack([x.mean(0) for x in q])
@@ -337,7 +334,7 @@ def multi_pair(mv, tmp_path, rng):
 @pytest.mark.parametrize("precision", ["float32", "int8"])
 def test_multi_vector_modes_match_faiss(multi_pair, precision):
     out, q, cq, _ = multi_pair(precision)
-    (fm, fp), (mm, mp) = out["faiss"], out["milvus"]
+    fm, mm = out["faiss"], out["milvus"]
     ex_f, ex_m = fm.search(q, k=5), mm.search(q, k=5)
     _assert_same_ranking(_ranked(ex_f), _ranked(ex_m))
     assert [r[0].id for r in ex_m] == ["d3", "d17", "d42"]
@@ -345,23 +342,17 @@ def test_multi_vector_modes_match_faiss(multi_pair, precision):
     _assert_same_ranking(_ranked(fm.search(q, k=5, mode="tokens", k_token=3)),
                          _ranked(mm.search(q, k=5, mode="tokens", k_token=3)))
     two_f = fm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq)
-    two_m = mm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq)  # spec.companion
+    two_m = mm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq)
     _assert_same_ranking(_ranked(two_f), _ranked(two_m))
-    # two-stage across backends: a companion of the other backend gives the same candidates
-    _assert_same_ranking(_ranked(two_f), _ranked(
-        mm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq, companion=fp)))
-    _assert_same_ranking(_ranked(two_f), _ranked(
-        fm.search(q, k=5, mode="two_stage", candidates=10, companion_queries=cq, companion=mp)))
     fm.close()
-    fp.close()
 
 
 def test_multi_vector_upsert_delete_get(multi_pair):
     out, q, _, docs = multi_pair()
-    mm = out["milvus"][0]
+    mm = out["milvus"]
     assert len(mm) == 60 and mm.stats()["vectors"] == sum(len(d) for d in docs)
     np.testing.assert_allclose(mm.get("d5")["vectors"], docs[5], atol=1e-7)
-    mm.add(["d3"], [docs[50][:3]], texts=["moved"])
+    mm.add(["d3"], [docs[50][:3]], texts=["moved"], companion=unit(docs[50][:3].mean(0, keepdims=True)))
     got = mm.get("d3")
     assert got["vectors"].shape == (3, DIM) and got["text"] == "moved" and got["metadata"] is None
     assert len(mm) == 60 and mm.stats()["vectors"] == sum(len(d) for d in docs) - len(docs[3]) + 3
@@ -369,10 +360,9 @@ def test_multi_vector_upsert_delete_get(multi_pair):
     assert "d17" not in mm and all(h.id != "d17" for h in mm.search(q, k=60)[1])
     with pytest.raises(ConflictError, match="multi-vector"):
         mm.add(["x"], rand_unit(np.random.default_rng(0), 2, DIM))
-    for m, p in out.values():
+    for m in out.values():
         if isinstance(m, FaissCollection):
             m.close()
-            p.close()
 
 
 def test_factory_defaults_to_faiss(tmp_path):
@@ -425,15 +415,17 @@ def test_document_larger_than_a_row_round_trips_and_leaves_no_stray_rows(mv, rng
 
     if row_elements is not None:  # recorded in the manifest: reads use the creation's layout
         monkeypatch.setattr(schema_mod, "ROW_ELEMENTS", row_elements)
-    spec = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat")
+    spec = CollectionSpec(kind="multi", dim=DIM, precision=precision, token_factory="Flat",
+                          companion_pooler="mean", companion_dim=DIM)
     coll = mv("big", spec)
     monkeypatch.setattr(schema_mod, "ROW_ELEMENTS", 16)
     big = rand_unit(rng, 20_000, DIM)
     small = rand_docs(rng, 5, DIM, lo=2, hi=6)
     ids = ["big", *(f"s{i}" for i in range(5))]
+    comps = rand_unit(rng, len(ids), DIM)  # the companion: a vector per document
     faiss_coll = open_collection(tmp_path, "big", spec)
     for c in (coll, faiss_coll):
-        c.add(ids, [big, *small])
+        c.add(ids, [big, *small], companion=comps)
     parts = coll._heads(["big"], ["parts"])["big"]["parts"]
     assert parts == (2 if precision == "float32" else 9)
     assert _rows_of(coll, "big") == (parts, 20_000)
@@ -444,14 +436,12 @@ def test_document_larger_than_a_row_round_trips_and_leaves_no_stray_rows(mv, rng
         got, want = coll.search(q, k=3, **kw), faiss_coll.search(q, k=3, **kw)
         assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in want]
         np.testing.assert_allclose([h.score for r in got for h in r], [h.score for r in want for h in r], atol=1e-5)
-    pooled = mv("big-pooled", CollectionSpec(kind="single", dim=DIM))
-    pooled.add(ids, rand_unit(rng, len(ids), DIM))
-    two = coll.search(q, k=3, mode="two_stage", candidates=6, companion=pooled, companion_queries=comp)
+    two = coll.search(q, k=3, mode="two_stage", candidates=6, companion_queries=comp)
     assert [r[0].id for r in two] == ["big", "s2"]
-    coll.add(["big"], [big[:3]], texts=["shorter now"])  # 2 (9) parts -> 1, 20,000 token rows -> 3
+    coll.add(["big"], [big[:3]], texts=["shorter now"], companion=comps[:1])  # 2 (9) parts -> 1, 20,000 tokens -> 3
     assert _rows_of(coll, "big") == (1, 3) and coll.get("big")["text"] == "shorter now"
     assert len(coll) == 6 and coll.stats()["vectors"] == 3 + sum(map(len, small))
-    coll.add(["big"], [big])  # and back: parts and token rows grow again
+    coll.add(["big"], [big], companion=comps[:1])  # and back: parts and token rows grow again
     assert _rows_of(coll, "big") == (parts, 20_000)
     coll.delete(["big"])
     assert _rows_of(coll, "big") == (0, 0) and "big" not in coll and coll.ids() == ids[1:]
@@ -513,9 +503,9 @@ def _companion_docs(rng, n=10):
 
 def _companion_rows_of(coll, doc_id: str) -> list[str]:
     """The primary keys of ``doc_id``'s rows in the companion collection, read by the client."""
-    from embedpool.index.milvus.schema import companion_name
+    from embedpool.index.milvus.schema import companion_rows_name
 
-    rows = coll._conn.client().query(companion_name(milvus_name(coll.name)), filter=f'doc_id == "{doc_id}"',
+    rows = coll._conn.client().query(companion_rows_name(milvus_name(coll.name)), filter=f'doc_id == "{doc_id}"',
                                      output_fields=["pk"])
     return sorted(r["pk"] for r in rows)
 
@@ -524,20 +514,20 @@ def test_companion_rows_live_in_a_hidden_collection_dropped_with_it(mv, uri, rng
     """The companion collection is made with the collection, never listed, holds exactly each
     document's rows and is dropped with it; collections without a companion have no such
     collection and the document-row schema they always had."""
-    from embedpool.index.milvus.schema import companion_name, tokens_name
+    from embedpool.index.milvus.schema import companion_rows_name, tokens_name
 
     plain = mv("plain", CollectionSpec(kind="multi", dim=DIM))
     coll = mv("comp", COMPANION)
     client = coll._conn.client()
     mname, pname = milvus_name(coll.name), milvus_name(plain.name)
-    assert client.has_collection(companion_name(mname)) and not client.has_collection(companion_name(pname))
+    assert client.has_collection(companion_rows_name(mname)) and not client.has_collection(companion_rows_name(pname))
     fields = lambda n: [f["name"] for f in client.describe_collection(n)["fields"]]  # noqa: E731
     # (sparse: the BM25 vectors Milvus' full-text function makes from text)
     assert fields(pname) == ["pk", "doc_id", "part", "parts", "n", "seq", "codes", "stub", "text", "metadata", "sparse"]
     assert fields(mname) == ["pk", "doc_id", "part", "parts", "n", "companion_rows", "seq", "codes", "stub", "text",
                              "metadata", "sparse"]
-    assert fields(companion_name(mname)) == ["pk", "doc_id", "vector"]
-    assert client.describe_index(companion_name(mname), "vector")["metric_type"] == "IP"
+    assert fields(companion_rows_name(mname)) == ["pk", "doc_id", "vector"]
+    assert client.describe_index(companion_rows_name(mname), "vector")["metric_type"] == "IP"
     names = list_collections("unused", backend="milvus", milvus_uri=uri)
     assert coll.name in names and not any("__" in n for n in names)
     ids, docs, comp = _companion_docs(rng)
@@ -557,9 +547,9 @@ def test_companion_rows_live_in_a_hidden_collection_dropped_with_it(mv, uri, rng
 def test_companion_factory_maps_to_a_milvus_index(mv, rng):
     spec = CollectionSpec(**{**COMPANION.to_dict(), "companion_factory": "HNSW16"})
     coll = mv("hnsw", spec)
-    from embedpool.index.milvus.schema import companion_name
+    from embedpool.index.milvus.schema import companion_rows_name
 
-    built = coll._client.describe_index(companion_name(milvus_name(coll.name)), "vector")
+    built = coll._client.describe_index(companion_rows_name(milvus_name(coll.name)), "vector")
     assert (built["index_type"], built["params"]) == milvus_index("HNSW16")[:2]
     ids, docs, comp = _companion_docs(rng, 30)
     coll.add(ids, docs, companion=comp)

@@ -1,5 +1,7 @@
 """Multi-vector collections: segments, precisions, MaxSim search modes, compaction."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -124,11 +126,9 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     dim = 32
     docs, targets, queries = _planted(rng, dim=dim)
     ids = _ids(len(docs))
-    pooled = FaissCollection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
-    pooled.add(ids, unit(np.stack([d.mean(0) for d in docs])))
-    pooled.commit()
-    coll = FaissCollection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
-    coll.add(ids, docs)
+    spec = CollectionSpec(kind="multi", dim=dim, companion_pooler="mean", companion_dim=dim)
+    coll = FaissCollection.create(coll_dir, "toks", spec)
+    coll.add(ids, docs, companion=unit(np.stack([d.mean(0) for d in docs])))  # the companion: a mean each
     coll.commit()
     exact = coll.search(queries, k=3, mode="exhaustive")
     truth = [r[0].id for r in exact]
@@ -140,10 +140,7 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     two = coll.search(queries, k=3, mode="two_stage", candidates=20, companion_queries=cq)
     assert [r[0].id for r in two] == truth
     assert [r[0].score for r in two] == pytest.approx([r[0].score for r in exact], rel=1e-5)
-    # explicit companion object works the same; the token index is saved by commit and reloaded
-    two_b = coll.search(queries, k=3, mode="two_stage", candidates=20, companion_queries=cq,
-                        companion=pooled)
-    assert [r[0].id for r in two_b] == truth
+    # the token index is saved by commit and reloaded
     coll.commit()
     coll.close()
     coll = FaissCollection.open(coll_dir, "toks")
@@ -151,14 +148,13 @@ def test_tokens_and_two_stage_find_true_maxsim_top1(coll_dir, rng):
     assert [r[0].id for r in coll.search(queries, k=3, mode="tokens", k_token=8)] == truth
     # documents added after the token index was built are found through it
     new = rand_unit(rng, 5, dim)
-    coll.add(["fresh"], [new])
+    coll.add(["fresh"], [new], companion=unit(new.mean(0, keepdims=True)))
     assert coll.search([new[:3]], k=1, mode="tokens", k_token=4)[0][0].id == "fresh"
     with pytest.raises(InvalidError, match="companion_queries"):
         coll.search(queries, mode="two_stage")
     with pytest.raises(InvalidError, match="unknown search mode"):
         coll.search(queries, mode="nope")
     coll.close()
-    pooled.close()
 
 
 def test_multi_bad_input(coll_dir, rng):
@@ -175,7 +171,7 @@ def test_multi_bad_input(coll_dir, rng):
         coll.add(["x"], [rand_unit(rng, 2, DIM + 1)])
     with pytest.raises(InvalidError, match="empty"):
         coll.add(["x"], [np.zeros((0, DIM), np.float32)])
-    with pytest.raises(InvalidError, match="two_stage' needs a companion"):
+    with pytest.raises(InvalidError, match="keeps no companion vectors for two_stage"):
         coll.search([rand_unit(rng, 2, DIM)], mode="two_stage", companion_queries=rand_unit(rng, 1, DIM))
     assert coll.ids() == _ids(3)
     coll.close()
@@ -191,25 +187,30 @@ def test_empty_collection_search(coll_dir, rng):
     s.close()
 
 
-def test_two_stage_sees_later_companion_commits(coll_dir, rng):
-    dim = 8
-    pooled = FaissCollection.create(coll_dir, "pooled", CollectionSpec(kind="single", dim=dim))
-    coll = FaissCollection.create(coll_dir, "toks", CollectionSpec(kind="multi", dim=dim, companion="pooled"))
-    docs = rand_docs(rng, 5, dim)
-    for c, v in ((pooled, unit(np.stack([d.mean(0) for d in docs]))), (coll, docs)):
-        c.add(_ids(5), v)
-        c.commit()
-    q = [docs[1]]
-    cq = unit(docs[1].mean(0, keepdims=True))
-    assert coll.search(q, k=1, mode="two_stage", companion_queries=cq)[0][0].id == "d1"
-    new = rand_unit(rng, 3, dim)
-    coll.add(["new"], [new])
-    pooled.add(["new"], unit(new.mean(0, keepdims=True)))
-    pooled.commit()  # the companion copy opened by `coll` must pick this up
-    hits = coll.search([new], k=1, mode="two_stage", companion_queries=unit(new.mean(0, keepdims=True)))
-    assert hits[0][0].id == "new"
+def test_a_collection_naming_a_separate_companion_opens_and_refuses_two_stage(coll_dir, rng):
+    """A manifest of an older embedpool names a separate companion collection (``companion``),
+    which embedpool no longer reads: the collection opens, writes and searches in every other
+    mode; two_stage says what to do, naming that collection."""
+    coll = FaissCollection.create(coll_dir, "old", mspec())
+    docs = rand_docs(rng, 4, DIM)
+    coll.add(_ids(4), docs)
+    coll.commit()
     coll.close()
-    pooled.close()
+    path = coll_dir / "old" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "companion": "old-mean"}))
+    coll = FaissCollection.open(coll_dir, "old")
+    assert coll.search([docs[2]], k=1)[0][0].id == "d2"
+    coll.add(["d9"], [docs[0]])
+    coll.commit()  # the manifest keeps what it named
+    for _ in range(2):
+        with pytest.raises(InvalidError, match="separate companion collection 'old-mean'.*no longer reads.*"
+                                               "--companion-pooler") as e:
+            coll.search([docs[2]], mode="two_stage", companion_queries=rand_unit(rng, 1, DIM))
+        assert e.value.param == "mode"
+        coll.close()
+        coll = FaissCollection.open(coll_dir, "old")
+    assert coll.spec == mspec() and len(coll) == 5
+    coll.close()
 
 
 def test_tokens_mode_with_trained_token_index(coll_dir, rng):

@@ -1,6 +1,6 @@
 """The scale benchmark's pieces, small (bench/million.py runs them at 1M documents):
 
-- the synthetic documents (:mod:`index.synthetic`) have the statistics of the real ones they
+- the synthetic documents (``tests/synthetic_corpus.py``) have the statistics of the real ones they
   are drawn from -- 200 SciFact abstracts pooled by the real model with ``cluster:pool_factor=16``;
 - at 20k documents: append + commit never rewrites a committed file, opening reads no token
   pages, and compaction gives what a fresh build of the remaining documents gives.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from embedpool.index import FaissCollection, CollectionSpec
-from embedpool.index.synthetic import SyntheticCorpus, nn_similarities, normalize
+from synthetic_corpus import SyntheticCorpus, nn_similarities, normalize
 
 POOLER = "cluster:pool_factor=16"
 N_DOCS = 20_000

@@ -72,19 +72,21 @@ async def _open(collections: Collections, engines: Engines, name: str,
 
 def _companion(engine: Engine, collections: Collections, spec: str, body: CollectionCreate,
                dimensions: int | None) -> dict[str, Any]:
-    """The companion fields of a new multi-vector collection's spec (``body.companion``: a pooler)."""
-    if body.companion is None:
+    """The companion fields of a new multi-vector collection's spec (``body.companion_pooler``)."""
+    asked = body.companion_pooler
+    if asked is None:
         return {}
     try:
-        cspec, _ = engine.pooler(body.companion, field="companion") if body.companion != retrieval.AUTO_COMPANION \
-            else (body.companion, None)
+        cspec, _ = engine.pooler(asked, field="companion_pooler") if asked != retrieval.AUTO_COMPANION \
+            else (asked, None)
     except InvalidError:
-        if body.companion in collections.names():  # the older API named a companion collection
-            raise InvalidError(f"companion: {body.companion!r} is a collection; a collection now keeps its companion "
+        if asked in collections.names():  # the older API named a separate companion collection
+            raise InvalidError(f"companion_pooler: {asked!r} is a collection; a collection keeps its companion "
                                "vectors itself and writes them with every upsert: send the companion's pooler instead "
-                               "(e.g. \"companion\": \"mean\", \"fde\" or \"mean:per_window=true\")", param="companion") from None
+                               "(e.g. \"companion_pooler\": \"mean\", \"fde\" or \"mean:per_window=true\")",
+                               param="companion_pooler") from None
         raise
-    cspec, rows = retrieval.resolve_companion(engine.embedder, spec, cspec)
+    cspec, rows = retrieval.resolve_companion_pooler(engine.embedder, spec, cspec)
     return dict(companion_pooler=cspec, companion_rows=rows, companion_factory=body.companion_factory,
                 companion_dim=engine.embedder.output_dim(cspec, dimensions))
 
@@ -116,8 +118,8 @@ async def create_collection(body: CollectionCreate, response: Response, engines:
     if not multi and kind == "multi":
         raise InvalidError(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
                            "or a multi-vector pooler (tokens, cluster)", param="kind")
-    if body.companion is not None and kind != "multi":
-        raise InvalidError("companion: only multi-vector collections have a companion", param="companion")
+    if body.companion_pooler is not None and kind != "multi":
+        raise InvalidError("companion_pooler: only multi-vector collections have a companion", param="companion_pooler")
     engine.check_dimensions(dimensions)
     spec = index.CollectionSpec(
         kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
@@ -228,10 +230,8 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     field = "queries" if body.queries is not None else "query"
     check_inputs(texts, engines.default.settings, field)
     coll, engine = await _open(collections, engines, name, body.model)
-    need = retrieval.companion_name(coll.spec, body.mode, name, body.vector_mode)
-    comp = (await _open(collections, engines, need, engine.name))[0] if need else None
     search = retrieval.Search(coll, engine.embedder.natural_dim, k=body.k, mode=body.mode, candidates=body.candidates,
-                              k_token=body.k_token, companion=comp, filter=body.filter, vector_mode=body.vector_mode,
+                              k_token=body.k_token, filter=body.filter, vector_mode=body.vector_mode,
                               fusion=body.fusion, weight=body.weight)
     for e in search.embeddings():
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422

@@ -19,9 +19,9 @@ Documents are generated in fixed blocks of :data:`BLOCK` from ``(seed, block)``,
 them is reproducible without generating what comes before (a fresh build of a subset is the
 same documents as in the big build).
 
-No embedpool command reaches it; it is here, not in ``bench/``, because the index tests
-(``tests/index/test_index_scale.py``) use it as well as ``bench/million.py``, and tests do not
-import benchmark scripts.
+No embedpool command reaches it, so it is not in the installed package: it lives with the tests
+(``tests/index/test_index_scale.py``), and ``bench/million.py`` and ``bench/filters.py`` put
+``tests/`` on their path for it, as ``bench/scale.py`` does for the memory measurements.
 """
 
 from __future__ import annotations
