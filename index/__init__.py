@@ -15,6 +15,7 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
 
 from .backends import (
     BACKENDS,
+    READ_CONSISTENCY,
     delete_collection,
     list_collections,
     open_collection,
