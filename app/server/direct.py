@@ -29,10 +29,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from embedpool.app.server.deps import get_engine, get_engines
 from embedpool.app.server.errors import respond
 
-#: the parameters of a route function served directly, as FastAPI calls it
-PARAMETERS = ["body", "request", "engines"]
+#: the third parameter a route function served directly may take (after ``body`` and
+#: ``request``), and the dependency FastAPI resolves it with
+STATE = {"engines": get_engines, "engine": get_engine}
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,15 @@ class _Route:
     route: Any  # the APIRoute (the metrics label requests by its template)
     handler: Callable[[Any, Request, Any], Awaitable[Any]]
     model: type[BaseModel]
+    state: Callable[[Request], Awaitable[Any]]
 
     @classmethod
     def of(cls, route: Any) -> "_Route":
         f = route.endpoint
-        if list(inspect.signature(f).parameters) != PARAMETERS:
-            raise TypeError(f"{route.path}: a route served directly takes ({', '.join(PARAMETERS)})")
-        return cls(route, f, typing.get_type_hints(f)["body"])
+        names = list(inspect.signature(f).parameters)
+        if len(names) != 3 or names[:2] != ["body", "request"] or names[2] not in STATE:
+            raise TypeError(f"{route.path}: a route served directly takes (body, request, engines or engine)")
+        return cls(route, f, typing.get_type_hints(f)["body"], STATE[names[2]])
 
 
 def _is_json(content_type: bytes) -> bool:
@@ -57,8 +61,8 @@ def _is_json(content_type: bytes) -> bool:
 
 class DirectRoutes:
     """ASGI middleware: ``routes`` (FastAPI's routes of POST endpoints ``f(body, request,
-    engines)``) answered directly for a POST with a JSON body that validates; anything else
-    passes to ``app``."""
+    engines)`` or ``f(body, request, engine)``) answered directly for a POST to the route's own
+    path with a JSON body that validates; anything else passes to ``app``."""
 
     def __init__(self, app: ASGIApp, routes: list[Any]) -> None:
         self.app = app
@@ -99,7 +103,7 @@ class DirectRoutes:
         scope.setdefault("path_params", {})
         request = Request(scope, receive)  # the body is read: receive() now waits for a disconnect
         try:
-            response = await route.handler(data, request, scope["app"].state.engines)
+            response = await route.handler(data, request, await route.state(request))
         except Exception as exc:  # noqa: BLE001 - answered as FastAPI's handlers answer it
             response = respond(scope, exc)
         await response(scope, receive, send)

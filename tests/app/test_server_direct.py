@@ -1,4 +1,5 @@
-"""The embedding routes served directly (app/server/direct.py, issue 34) answer exactly as
+"""The embedding routes served directly (app/server/direct.py, issue 34: /v1/embeddings, /embed
+and TEI's /tei/embed and /tei/v1/embeddings) answer exactly as
 FastAPI's routing does: every request is sent twice to a real uvicorn server, once with a
 Content-Length (the direct path) and once as a chunked body (no length: FastAPI's path), and the
 two answers must be equal -- status, body and headers -- for answers, route errors (413, 422, 404)
@@ -68,6 +69,13 @@ DIRECT = [  # (path, body): answered by the direct path, its answer or its route
     ("/v1/embeddings", b'{"input": ["a"], "encoding_format": "base64", "precision": "int8"}'),
     ("/embed", b'{"inputs": ["a"], "model": "not-served"}'),
     ("/embed", b'{"inputs": ["a"], "ranges": [[0], [1]]}'),
+    # TEI's routes, in TEI's shapes
+    ("/tei/embed", b'{"inputs": "what TEI clients send", "normalize": false}'),
+    ("/tei/embed", b'{"inputs": ["a", "b"], "dimensions": 32}'),
+    ("/tei/embed", b'{"inputs": ["a"], "dimensions": 0}'),
+    ("/tei/embed", b'{"inputs": ["1", "2", "3", "4", "5"]}'),
+    ("/tei/v1/embeddings", b'{"input": ["through TEI\'s OpenAI route"], "model": "tei"}'),
+    ("/tei/v1/embeddings", b'{"input": ["a"], "pooler": "tokens"}'),
 ]
 
 FASTAPI = [  # (path, body, content type): handed to FastAPI by the direct path
@@ -79,6 +87,8 @@ FASTAPI = [  # (path, body, content type): handed to FastAPI by the direct path
     ("/embed", b'{"inputs": ["a"]}', "text/plain"),
     ("/v1/embeddings", b'{"input": ["a"]}', "application/vnd.api+json"),
     ("/v1/embeddings", b"", "application/json"),
+    ("/tei/embed", b'{"inputs": 5}', "application/json"),
+    ("/tei/v1/embeddings", b'{"input": ["a"', "application/json"),
 ]
 
 
