@@ -158,6 +158,8 @@ def main() -> int:
         print("$", " ".join(cmd), flush=True)
         t = time.time()
         info = machine()
+        print(f"machine: {info['cpu']} x{info['cpus']} {' '.join(info['cpu_flags'])}; load {info['loadavg_start']}",
+              flush=True)
         rc = subprocess.call(cmd, cwd=ROOT, env=env)
         print(f"[{suite}] exit {rc} after {time.time() - t:.0f}s", flush=True)
         if rc:

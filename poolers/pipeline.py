@@ -14,7 +14,7 @@ from torch import Tensor
 
 from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, build_pooler
-from embedpool.poolers.encoder import FrozenEncoder, Plan
+from embedpool.poolers.encoder import STANDARD, FrozenEncoder, Plan
 
 ROLES = ("query", "document")
 
@@ -278,6 +278,22 @@ class Embedder:
                 per_text[i][plan] = rows
         counts = [self.encoder.standard_count(rows, options.truncate) for rows in per_text]
         return Workload(tokens, vectors, counts, [Tokenized(options.tokenize_key, rows) for rows in per_text])
+
+    def work_bound(self, n_texts: int, poolers: Sequence[str] | str | None = None,
+                   options: EmbedOptions | None = None) -> tuple[int, int] | None:
+        """``(tokens, vectors)`` that :meth:`measure` of any ``n_texts`` texts with these poolers
+        and options cannot exceed, known without tokenizing, or ``None`` when no such bound
+        holds. It holds when every pooler is single-vector on the standard plan and inputs are
+        truncated: each text is then one row of at most the model's window, and one vector per
+        pooler. (A server checks its work limits on it, when it suffices, instead of tokenizing
+        a small request on the thread that answers requests.)"""
+        options = options if options is not None else EmbedOptions()
+        built, by_plan = self._plans(poolers)
+        if (not options.truncate or set(by_plan) != {STANDARD} or any(p.multi_vector for p in built.values())
+                or self.encoder.stack.multi_vector):  # a ColBERT model pads its queries: not bounded here
+            return None
+        window = max(self.encoder.window_for(options.role), self.encoder.max_length)
+        return n_texts * window, n_texts * len(built)
 
     def embed(self, texts: Sequence[str], poolers: Sequence[str] | str | None = None,
               options: EmbedOptions | None = None, *, tokenized: Sequence[Tokenized] | None = None,
