@@ -44,7 +44,7 @@ RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
     && find "${site}" -depth -type d \( -name tests -o -name test \) -not -path "${site}/torch/*" -exec rm -rf {} + \
     && find /opt/venv -depth -type d -name __pycache__ -exec rm -rf {} + \
     && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())" \
-    && python -c "import embedpool.app.server.app, embedpool.index.faiss_backend, embedpool.index.kernels" \
+    && python -c "import embedpool.app.server.app, embedpool.index.faiss, embedpool.index.kernels" \
     && embedpool embed "The image compiles what it imports." > /dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -10,7 +10,8 @@ forward pass per tokenization plan serves every pooler asked for. A request the 
 (its limits, :meth:`poolers.Embedder.measure`) arrives tokenized, off the worker: the worker
 encodes those rows and tokenizes nothing (it runs the model and the poolers only), and the
 request's usage is the count that measurement made. A request its caller did not measure is
-measured by the worker, once, for both.
+measured by the worker, once, for both: all such requests of a group in one tokenizer call (the
+server leaves short texts to it, whose limits hold without counting).
 
 Before a round that is not full the worker waits up to ``max_wait_ms`` for more requests, but
 only while fewer are queued than were in flight at once during the previous round (the clients
@@ -87,6 +88,7 @@ class _Slice:
     job: Job
     start: int
     end: int
+    tokenized: list[Tokenized] | None = None  # the worker's tokenization of an unmeasured job's slice
 
 
 @dataclass
@@ -370,16 +372,17 @@ class Batcher:
         specs = list(dict.fromkeys(spec for s in group for spec in s.job.specs))
         texts = [t for s in group for t in s.job.texts[s.start:s.end]]
         t0 = time.perf_counter()
-        if all(s.job.tokenized is not None for s in group):
-            tokenized = [t for s in group for t in s.job.tokenized[s.start:s.end]]
-        else:
-            work = self.embedder.measure(texts, specs, options)
-            tokenized, offset = work.tokenized, 0
-            for s in group:
+        unmeasured = [s for s in group if s.job.tokenized is None]
+        if unmeasured:  # one tokenization for all of them (the measured ones are not tokenized again)
+            work = self.embedder.measure([t for s in unmeasured for t in s.job.texts[s.start:s.end]], specs, options)
+            offset = 0
+            for s in unmeasured:
                 n = s.end - s.start
                 s.job.usage_tokens[s.start:s.end] = work.counts[offset:offset + n]
                 s.job.cost_tokens[s.start:s.end] = work.tokens[offset:offset + n]
+                s.tokenized = work.tokenized[offset:offset + n]
                 offset += n
+        tokenized = [t for s in group for t in (s.tokenized if s.job.tokenized is None else s.job.tokenized[s.start:s.end])]
         t1 = time.perf_counter()
         result = self.embedder.embed(texts, specs, options, tokenized=tokenized)
         times.measure += t1 - t0

@@ -12,6 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedpool.errors import InvalidError
+from embedpool.index import READ_CONSISTENCY
 
 # poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
 # (tests/poolers/test_precision.py checks that the two agree)
@@ -22,7 +23,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
 
-    # engine
+    # the model and its encoder
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
                               "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
     precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
@@ -38,6 +39,11 @@ class Settings(BaseSettings):
     backend: Literal["faiss", "milvus"] = Field("faiss", description="vector store: faiss (folders under data_dir) or milvus")
     milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
     milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
+    milvus_consistency: Literal[READ_CONSISTENCY] = Field(  # type: ignore[valid-type]
+        "Strong", description="consistency of the server's and `search`'s reads on a Milvus server: Strong sees "
+        "every committed write from any process but waits for the server's time tick (~200 ms a read on a "
+        "standalone 2.3 server); Session sees this process's own writes at once and other processes' within "
+        "the tick. Writes and the indexing job are always Strong")
     # service
     host: str = Field("127.0.0.1", description="address the HTTP service listens on")
     port: int = Field(8000, description="port of the HTTP service")
@@ -62,10 +68,12 @@ class Settings(BaseSettings):
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="server log level")
 
-    def store(self) -> dict[str, Any]:
+    def store(self, *, reads: bool = False) -> dict[str, Any]:
         """Where collections live: the ``backend``/``milvus_uri``/``milvus_token`` keyword
-        arguments of :func:`index.open_collection` (and of the indexing job)."""
-        return {"backend": self.backend, "milvus_uri": self.milvus_uri, "milvus_token": self.milvus_token}
+        arguments of :func:`index.open_collection` (and of the indexing job); with ``reads``,
+        ``milvus_consistency`` too (the server and ``search``: the job reads Strong)."""
+        out = {"backend": self.backend, "milvus_uri": self.milvus_uri, "milvus_token": self.milvus_token}
+        return {**out, "milvus_consistency": self.milvus_consistency} if reads else out
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
@@ -84,11 +92,17 @@ def add_engine_args(parser: argparse.ArgumentParser, *, several_models: bool = F
     parser.add_argument("--max-batch-tokens", type=int, help="token budget of one forward batch")
 
 
-def add_storage_args(parser: argparse.ArgumentParser) -> None:
+def add_storage_args(parser: argparse.ArgumentParser, *, reads: bool = True) -> None:
+    """The storage flags; ``reads``: the command reads collections to answer (search, serve),
+    so it takes ``--milvus-consistency`` (the indexing job reads and writes Strong)."""
     parser.add_argument("--data-dir", help="folder of collections (env EMBEDPOOL_DATA_DIR)")
     parser.add_argument("--backend", choices=["faiss", "milvus"], help="vector store (env EMBEDPOOL_BACKEND)")
     parser.add_argument("--milvus-uri", help="Milvus Lite file or http://host:19530 (env EMBEDPOOL_MILVUS_URI)")
     parser.add_argument("--milvus-token", help="Milvus token (env EMBEDPOOL_MILVUS_TOKEN)")
+    if reads:
+        parser.add_argument("--milvus-consistency", choices=list(READ_CONSISTENCY),
+                            help="consistency of reads on a Milvus server; default Strong "
+                            "(env EMBEDPOOL_MILVUS_CONSISTENCY)")
 
 
 def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -123,7 +137,7 @@ def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | N
 
 
 def load_embedder(settings: Settings):
-    """The engine for these settings (imported lazily: torch is slow to import)."""
+    """The :class:`poolers.Embedder` for these settings (imported lazily: torch is slow to import)."""
     from embedpool.poolers import Embedder, FrozenEncoder
 
     calibration = None

@@ -15,6 +15,7 @@ Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``p
 
 from .backends import (
     BACKENDS,
+    READ_CONSISTENCY,
     delete_collection,
     list_collections,
     open_collection,
@@ -33,7 +34,7 @@ from .spec import FORMAT_VERSION, CollectionSpec
 __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
-    "BACKENDS", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
+    "BACKENDS", "READ_CONSISTENCY", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
     "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "STORAGE_PRECISIONS", "dequantize", "bytes_per_vector",
 ]

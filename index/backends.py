@@ -28,6 +28,12 @@ from .spec import CollectionSpec
 #: slow to import)
 _MODULES = {"faiss": "embedpool.index.faiss", "milvus": "embedpool.index.milvus"}
 BACKENDS = tuple(_MODULES)
+#: the read consistencies of a server backend (Milvus' levels). embedpool creates every Milvus
+#: collection ``Strong``: a read waits for the server's time tick (~200 ms on a standalone 2.3
+#: server, bench/milvus_server.py) and then sees every committed write, from any process.
+#: ``Session``: this client's own writes at once, other processes' within the tick; ``Bounded``:
+#: at most a few seconds stale; ``Eventually``: no wait at all.
+READ_CONSISTENCY = ("Strong", "Session", "Bounded", "Eventually")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,9 @@ class Where:
     data_dir: Path
     uri: str | None = None
     token: str | None = None
+    #: a server backend's read consistency (Milvus: ``Strong``, ``Session``, ``Bounded``,
+    #: ``Eventually``); ``None``: the collection's own (embedpool creates them ``Strong``)
+    consistency: str | None = None
 
 
 class Backend(ABC):
@@ -72,13 +81,14 @@ def _backend(backend: str) -> Backend:
     return importlib.import_module(_MODULES[backend]).BACKEND
 
 
-def _where(data_dir: str | os.PathLike, milvus_uri: str | None, milvus_token: str | None) -> Where:
-    return Where(Path(data_dir), milvus_uri, milvus_token)
+def _where(data_dir: str | os.PathLike, milvus_uri: str | None, milvus_token: str | None,
+           milvus_consistency: str | None = None) -> Where:
+    return Where(Path(data_dir), milvus_uri, milvus_token, milvus_consistency)
 
 
 def open_collection(data_dir: str | os.PathLike, name: str, spec: CollectionSpec | None = None, *,
                     backend: str = "faiss", milvus_uri: str | None = None,
-                    milvus_token: str | None = None) -> CollectionBase:
+                    milvus_token: str | None = None, milvus_consistency: str | None = None) -> CollectionBase:
     """Open collection ``name`` (``spec=None``) or open-or-create it with ``spec``.
 
     Args:
@@ -87,31 +97,38 @@ def open_collection(data_dir: str | os.PathLike, name: str, spec: CollectionSpec
         backend: ``faiss`` (folders under ``data_dir``) or ``milvus``.
         milvus_uri: Milvus Lite file (``./milvus.db``) or server URI (``http://host:19530``).
         milvus_token: Milvus token (``user:password`` or an API key), if the server needs one.
+        milvus_consistency: the consistency of this collection object's reads on a Milvus
+            server (``Strong``: every committed write, from any process, at the cost of waiting
+            for the server's time tick; ``Session``: this process's own writes at once, other
+            processes' within the tick); ``None``: ``Strong``. Writes are unaffected.
     """
-    return _backend(backend).open(_where(data_dir, milvus_uri, milvus_token), name, spec)
+    return _backend(backend).open(_where(data_dir, milvus_uri, milvus_token, milvus_consistency), name, spec)
 
 
 def list_collections(data_dir: str | os.PathLike, *, backend: str = "faiss",
-                     milvus_uri: str | None = None, milvus_token: str | None = None) -> list[str]:
+                     milvus_uri: str | None = None, milvus_token: str | None = None,
+                     milvus_consistency: str | None = None) -> list[str]:
     """Names of the collections of a backend (sorted)."""
     return _backend(backend).list(_where(data_dir, milvus_uri, milvus_token))
 
 
 def delete_collection(data_dir: str | os.PathLike, name: str, *, backend: str = "faiss",
-                      milvus_uri: str | None = None, milvus_token: str | None = None) -> None:
+                      milvus_uri: str | None = None, milvus_token: str | None = None,
+                      milvus_consistency: str | None = None) -> None:
     """Delete a collection and its data."""
     _backend(backend).delete(_where(data_dir, milvus_uri, milvus_token), name)
 
 
 def storage_status(data_dir: str | os.PathLike, *, backend: str = "faiss", milvus_uri: str | None = None,
-                   milvus_token: str | None = None) -> dict[str, Any]:
+                   milvus_token: str | None = None, milvus_consistency: str | None = None) -> dict[str, Any]:
     """Whether the backend's storage answers now (:meth:`Backend.status`), without raising."""
     return _backend(backend).status(_where(data_dir, milvus_uri, milvus_token))
 
 
 def read_collection_manifest(data_dir: str | os.PathLike, name: str, *, backend: str = "faiss",
                              milvus_uri: str | None = None,
-                             milvus_token: str | None = None) -> dict[str, Any]:
+                             milvus_token: str | None = None,
+                             milvus_consistency: str | None = None) -> dict[str, Any]:
     """The committed manifest of collection ``name`` (spec, counts at the last commit, times),
     without opening it: listing many collections does not load their vectors."""
-    return _backend(backend).manifest(_where(data_dir, milvus_uri, milvus_token), name)
+    return _backend(backend).manifest(_where(data_dir, milvus_uri, milvus_token, milvus_consistency), name)

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, build_pooler
-from embedpool.poolers.encoder import FrozenEncoder, Plan
+from embedpool.poolers.encoder import STANDARD, FrozenEncoder, Plan
 
 ROLES = ("query", "document")
 
@@ -120,11 +120,12 @@ def _check_tokenized(tokenized: Sequence[Tokenized] | None, n_texts: int, key: t
     if tokenized is None:
         return
     if len(tokenized) != n_texts:
-        raise InvalidError(f"tokenized holds {len(tokenized)} texts' rows for {n_texts} texts")
+        raise InvalidError(f"tokenized holds {len(tokenized)} texts' rows for {n_texts} texts", param="tokenized")
     for i, t in enumerate(tokenized):
         if t.key != key:
             raise InvalidError(f"tokenized[{i}] was made with the options {t.key} (role, truncate, prompt "
-                               f"name, truncation direction), this call has {key}: measure with the same options")
+                               f"name, truncation direction), this call has {key}: measure with the same options",
+                               param="tokenized")
 
 
 def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
@@ -233,11 +234,12 @@ class Embedder:
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}", param="dimensions")
         limit = self.natural_dim(spec) if spec is not None else max(self.dim, self.encoder.hidden_size)
         if not 1 <= dimensions <= limit:
             what = f" (the size of pooler {self.canonical(spec)!r}'s vectors)" if spec is not None else ""
-            raise InvalidError(f"dimensions must be between 1 and the model's {limit}{what}, got {dimensions}")
+            raise InvalidError(f"dimensions must be between 1 and the model's {limit}{what}, got {dimensions}",
+                               param="dimensions")
 
     def _plans(self, poolers: Sequence[str] | str | None) -> tuple[dict[str, Pooler], dict[Plan, list[str]]]:
         """The built poolers per spec, and the specs of each tokenization plan."""
@@ -259,7 +261,7 @@ class Embedder:
         limits does not tokenize it again to encode it. Raises what :meth:`embed` would for an
         input it refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
-            raise InvalidError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string", param="texts")
         options = EmbedOptions.of(options, **fields)
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
@@ -276,6 +278,22 @@ class Embedder:
                 per_text[i][plan] = rows
         counts = [self.encoder.standard_count(rows, options.truncate) for rows in per_text]
         return Workload(tokens, vectors, counts, [Tokenized(options.tokenize_key, rows) for rows in per_text])
+
+    def work_bound(self, n_texts: int, poolers: Sequence[str] | str | None = None,
+                   options: EmbedOptions | None = None) -> tuple[int, int] | None:
+        """``(tokens, vectors)`` that :meth:`measure` of any ``n_texts`` texts with these poolers
+        and options cannot exceed, known without tokenizing, or ``None`` when no such bound
+        holds. It holds when every pooler is single-vector on the standard plan and inputs are
+        truncated: each text is then one row of at most the model's window, and one vector per
+        pooler. (A server checks its work limits on it, when it suffices, instead of tokenizing
+        a small request on the thread that answers requests.)"""
+        options = options if options is not None else EmbedOptions()
+        built, by_plan = self._plans(poolers)
+        if (not options.truncate or set(by_plan) != {STANDARD} or any(p.multi_vector for p in built.values())
+                or self.encoder.stack.multi_vector):  # a ColBERT model pads its queries: not bounded here
+            return None
+        window = max(self.encoder.window_for(options.role), self.encoder.max_length)
+        return n_texts * window, n_texts * len(built)
 
     def embed(self, texts: Sequence[str], poolers: Sequence[str] | str | None = None,
               options: EmbedOptions | None = None, *, tokenized: Sequence[Tokenized] | None = None,
@@ -300,10 +318,10 @@ class Embedder:
                 pass its plan shares with the other poolers of the call.
         """
         if isinstance(texts, str):
-            raise InvalidError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string", param="texts")
         options = EmbedOptions.of(options, **fields)
         if options.role not in ROLES:
-            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")
+            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}", param="role")
         built, by_plan = self._plans(poolers)
         for spec, p in built.items():
             if p.output_dim(self.encoder.hidden_size) is None:

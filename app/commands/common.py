@@ -65,9 +65,10 @@ def job_options(args: argparse.Namespace) -> dict:
 
 
 def command(sub, name: str, run, *, help: str, description: str, storage: bool = False,
-            several_models: bool = False) -> argparse.ArgumentParser:
+            storage_reads: bool = True, several_models: bool = False) -> argparse.ArgumentParser:
     """The parser of subcommand ``name`` running ``run(args)``, with the engine flags (and, with
     ``storage``, the storage flags) of :mod:`app.settings` in their own help sections;
+    ``storage_reads``: it reads collections to answer (the read-consistency flag);
     ``several_models``: ``--model`` may be repeated."""
     from embedpool.app.settings import add_engine_args, add_storage_args
 
@@ -75,5 +76,5 @@ def command(sub, name: str, run, *, help: str, description: str, storage: bool =
     p.set_defaults(func=run)
     add_engine_args(p.add_argument_group("engine"), several_models=several_models)
     if storage:
-        add_storage_args(p.add_argument_group("storage"))
+        add_storage_args(p.add_argument_group("storage"), reads=storage_reads)
     return p

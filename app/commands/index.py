@@ -19,7 +19,7 @@ def register(sub) -> None:
                     "into one collection per pooler spec: NAME for one pooler, NAME-<pooler> for several. "
                     "Poolers that share a tokenization plan come from one forward pass. Commits every "
                     "--commit-every records; rerunning the same command after an interruption continues "
-                    "after the last commit.", storage=True)
+                    "after the last commit.", storage=True, storage_reads=False)
     p.add_argument("corpus", metavar="CORPUS", help="corpus file, or - for stdin")
     p.add_argument("--collection", required=True, metavar="NAME", help="collection name (or name prefix)")
     p.add_argument("--pooler", action="append", dest="poolers", metavar="SPEC",

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from embedpool.index import open_collection
 
     settings = from_args(args)
-    with open_collection(settings.data_dir, args.collection, **settings.store()) as coll:
+    with open_collection(settings.data_dir, args.collection, **settings.store(reads=True)) as coll:
         _require_documents(coll, args.collection)
         # BM25 alone embeds nothing: no model to load
         embedder = None if args.mode == "bm25" else load_embedder(from_args(args, model=_model_of(coll, args)))

@@ -11,11 +11,12 @@ from fastapi import FastAPI
 
 from embedpool.app.server import errors
 from embedpool.app.server.auth import AuthMiddleware
+from embedpool.app.server.direct import DirectRoutes
 from embedpool.app.server.limits import BodyLimitMiddleware
 from embedpool.app.server.metrics import Metrics, MetricsMiddleware
 from embedpool.app.server.routers import collections, embed, health, openai, playground, rerank, tei, tokenize
 from embedpool.app.server.engine import Engine, Engines
-from embedpool.app.server.errors import MODELS_PREFIX
+from embedpool.app.server.errors import MODELS_PREFIX, TEI_PREFIX
 from embedpool.app.server.state import Collections
 from embedpool.app.settings import Settings, model_entries
 
@@ -77,6 +78,10 @@ def create_app(settings: Settings | None = None, *, embedder: Any = None,
     # each model's TEI surface at a base URL of its own (TEI serves one model per base URL)
     app.include_router(tei.router, prefix=MODELS_PREFIX + "/{model}", include_in_schema=False)
     playground.mount(app)
+    # innermost: the embedding routes answered without FastAPI's per-request machinery (direct.py)
+    direct = [(openai.router, "/v1/embeddings"), (embed.router, "/embed"), (tei.router, f"{TEI_PREFIX}/embed"),
+              (tei.router, f"{TEI_PREFIX}/v1/embeddings")]
+    app.add_middleware(DirectRoutes, routes=[r for router, path in direct for r in router.routes if r.path == path])
     errors.install(app)
     # Outermost last: metrics see every answer, auth runs before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_payload_bytes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import math
 import threading
@@ -27,11 +28,11 @@ from starlette.concurrency import run_in_threadpool
 from embedpool import index
 from embedpool.app.batcher import Batcher, Job
 from embedpool.app.server.cache import VectorCache
-from embedpool.app.server.limits import check_inputs, check_workload
+from embedpool.app.server.limits import check_inputs, check_workload, within_limits
 from embedpool.app.server.metrics import Metrics
 from embedpool.app.settings import Settings
 from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
-from embedpool.poolers import EmbedOptions, EmbedResult
+from embedpool.poolers import EmbedOptions, EmbedResult, Workload
 
 if TYPE_CHECKING:
     from embedpool.poolers import Embedder
@@ -89,6 +90,7 @@ class Engine:
         self.loaded_at: int | None = None  # Unix time the model became ready (``created`` of /v1/models)
         self._thread: threading.Thread | None = None
         self._default_pooler: str | None = None
+        self._names: list[str] | None = None
         self.rerank_cache = VectorCache(settings.rerank_cache_mb * 2**20)
 
     # ------------------------------------------------------------------ lifecycle
@@ -119,6 +121,11 @@ class Engine:
             return
         self.embedder = embedder
         self.load_seconds = time.perf_counter() - t0
+        # The model and its libraries are some hundred thousand long-lived objects that every
+        # full garbage collection would walk again, on the thread that answers requests: set
+        # them aside (they stay alive as long as the server anyway).
+        gc.collect()
+        gc.freeze()
         self._ready()
         log.info("model %s (%s) loaded in %.1fs", self.name, embedder.model_id, self.load_seconds)
 
@@ -153,8 +160,10 @@ class Engine:
 
         if self.embedder is None:
             return [self.name]
-        model_id = self.embedder.model_id
-        return list(dict.fromkeys([self.name, model_id, *model_aliases(model_id)]))
+        if self._names is None:  # asked on every request that names no served model (OpenAI clients)
+            model_id = self.embedder.model_id
+            self._names = list(dict.fromkeys([self.name, model_id, *model_aliases(model_id)]))
+        return list(self._names)
 
     # ------------------------------------------------------------------ checks
     @property
@@ -244,23 +253,30 @@ class Engine:
         """Several embeddings of one request, queued together so they share a batcher round
         (see :meth:`Batcher.submit_many`); all or none.
 
-        The request's work limits (all parts together) are checked first, on its tokenization:
-        413 before anything is queued or encoded (a large request tokenizes in a worker thread,
-        not to stall the event loop). That tokenization is what the batcher's worker encodes,
-        so a request is tokenized once, off the thread that runs the model."""
+        The request's work limits (all parts together) are checked first: 413 before anything
+        is queued or encoded. When they hold whatever its texts tokenize to (single-vector
+        poolers on truncated inputs: :func:`limits.within_limits`, e.g. a query on
+        ``/v1/embeddings``), it is queued unmeasured and the batcher's worker tokenizes it once,
+        with the other requests of its round, in one tokenizer call. Otherwise they are checked
+        on its tokenization (a large request tokenizes in a worker thread, not to stall the event
+        loop), which is what the batcher's worker encodes. Either way a request is tokenized once."""
         embedder = self.require()
         assert self.batcher is not None
-        # a few sentences tokenize in well under a millisecond: not worth a thread hop
-        small = sum(len(t) for part in parts for t in part.texts) <= INLINE_CHECK_CHARS
-        if small:
+        works: list[Workload | None]
+        if within_limits(embedder, parts, self.settings):
+            # nothing to check: the worker tokenizes it once, with the rest of its round, in one
+            # tokenizer call (cheaper than one per request on the thread that answers requests)
+            works = [None] * len(parts)
+        elif sum(len(t) for part in parts for t in part.texts) <= INLINE_CHECK_CHARS:
+            # a few sentences tokenize in well under a millisecond: not worth a thread hop
             works = check_workload(embedder, parts, self.settings, field=field)
         else:
             works = await run_in_threadpool(check_workload, embedder, parts, self.settings, field=field)
         jobs = self.batcher.submit_many([(p.texts, p.specs, p.options, w) for p, w in zip(parts, works)])
-        results = [asyncio.wrap_future(job.future) for job in jobs]
-        gathered = asyncio.ensure_future(asyncio.gather(*results))
+        futures = [asyncio.wrap_future(job.future) for job in jobs]
+        gathered = futures[0] if len(futures) == 1 else asyncio.gather(*futures)  # one request, one part: no gather
         if request is None:
-            return list(await gathered)
+            return _results(await gathered)
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({gathered, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -273,7 +289,7 @@ class Engine:
         if gathered in done:
             if gathered.exception() is not None:
                 self._cancel(jobs)
-            return list(gathered.result())
+            return _results(gathered.result())
         self._cancel(jobs)
         gathered.cancel()
         raise InvalidError("the client closed the connection; its work was dropped", code="client_closed")
@@ -417,6 +433,10 @@ def thread_policy(single_thread_tokens: int):
             current[0] = n
 
     return before_round
+
+
+def _results(gathered: EmbedResult | list[EmbedResult]) -> list[EmbedResult]:
+    return [gathered] if isinstance(gathered, EmbedResult) else list(gathered)
 
 
 async def _disconnected(request: Request) -> None:

@@ -282,10 +282,16 @@ def _log(method: str, path: str, exc: BaseException, err: Reply) -> None:
         log.error("unhandled error on %s %s", method, path, exc_info=exc)
 
 
-async def _handle(request: Request, exc: Exception) -> JSONResponse:
+def respond(scope: Scope, exc: BaseException) -> JSONResponse:
+    """The answer to ``exc`` raised while serving ``scope`` (logged when it is a 5xx): what every
+    handler below answers, and :class:`app.server.direct.DirectRoutes`."""
     err = from_exception(exc)
-    _log(request.method, request.url.path, exc, err)
-    return render(request.url.path, err)
+    _log(scope.get("method", ""), scope.get("path", ""), exc, err)
+    return render(scope.get("path", ""), err)
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    return respond(request.scope, exc)
 
 
 class CatchAll:
@@ -315,9 +321,7 @@ class CatchAll:
         except Exception as exc:
             if started:
                 raise
-            err = from_exception(exc)
-            _log(scope.get("method", ""), scope.get("path", ""), exc, err)
-            await render(scope.get("path", ""), err)(scope, receive, send)
+            await respond(scope, exc)(scope, receive, send)
 
 
 def install(app: FastAPI) -> None:

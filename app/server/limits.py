@@ -107,6 +107,20 @@ def check_workload(embedder: Any, parts: Sequence[EmbedPart], settings: Settings
     return works
 
 
+def within_limits(embedder: Any, parts: Sequence[EmbedPart], settings: Settings) -> bool:
+    """Whether the work limits hold for ``parts`` whatever their texts tokenize to
+    (:meth:`poolers.Embedder.work_bound`: single-vector poolers on truncated inputs, each text
+    at most one window): then :func:`check_workload` has nothing to find, and the request can be
+    queued unmeasured (the batcher's worker tokenizes it once, with the rest of its round)."""
+    tokens = vectors = 0
+    for part in parts:
+        bound = embedder.work_bound(len(part.texts), part.specs, part.options)
+        if bound is None:
+            return False
+        tokens, vectors = tokens + bound[0], vectors + bound[1]
+    return tokens <= settings.max_request_tokens and vectors <= settings.max_request_vectors
+
+
 def _named(embedder: Any, part: EmbedPart, exc: InvalidError, field: str) -> InvalidError:
     """``exc`` of the engine about the call's text ``i`` (``param`` ``texts[i]``: an input over the
     model's window) as the request's field names it: ``field[i]`` with the engine's message, or

@@ -25,7 +25,7 @@ class Collections:
 
     def __init__(self, settings: Settings) -> None:
         self.data_dir = Path(settings.data_dir)
-        self._where = settings.store()
+        self._where = settings.store(reads=True)
         self._open: dict[str, CollectionBase] = {}
         self._lock = threading.RLock()
 

@@ -128,8 +128,9 @@ class MilvusBackend(Backend):
 
     def open(self, where: Where, name: str, spec: CollectionSpec | None) -> MilvusCollection:
         if spec is None:
-            return MilvusCollection.open(self._uri(where), name, token=where.token)
-        return MilvusCollection.open_or_create(self._uri(where), name, spec, token=where.token)
+            return MilvusCollection.open(self._uri(where), name, token=where.token, consistency=where.consistency)
+        return MilvusCollection.open_or_create(self._uri(where), name, spec, token=where.token,
+                                               consistency=where.consistency)
 
     def list(self, where: Where) -> list[str]:
         return list_collections(self._uri(where), token=where.token)

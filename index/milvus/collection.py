@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..base import Capabilities, CollectionBase, Hit, make_stats
+from ..backends import READ_CONSISTENCY
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
 from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError, UnavailableError
@@ -84,46 +85,59 @@ def check_layout(manifest: dict[str, Any], name: str, uri: str) -> dict[str, int
     return layout
 
 
+_READS = frozenset({"search", "query", "query_iterator", "get", "hybrid_search"})
+
+
+def check_consistency(level: str | None) -> None:
+    if level is not None and level not in READ_CONSISTENCY:
+        raise InvalidError(f"unknown Milvus read consistency {level!r}; use one of {', '.join(READ_CONSISTENCY)}")
+
+
 class MilvusCollection(CollectionBase):
     """A single- or multi-vector collection stored in Milvus. Use :meth:`create` / :meth:`open`
     (or :func:`index.open_collection` with ``backend="milvus"``)."""
 
     backend = "milvus"
+    _read_level: str | None = None  #: this object's read consistency (None: the collection's)
 
     # ---- opening ------------------------------------------------------------------------------
     @classmethod
     def create(cls, uri: str, name: str, spec: CollectionSpec, *,
-               token: str | None = None) -> "MilvusCollection":
+               token: str | None = None, consistency: str | None = None) -> "MilvusCollection":
         """Create collection ``name``; if it exists with an equal spec, open it; if with a
         different spec, raise :class:`ConflictError` naming the differing fields."""
         check_factories(check_new_spec(name, spec))
+        check_consistency(consistency)
         conn = ClientPool.acquire(uri, token)
         try:
             create_if_absent(conn, name, spec)
-            coll = cls._open(conn, name)
+            coll = cls._open(conn, name, consistency)
         except BaseException:
             ClientPool.release(conn)
             raise
         return require_spec(coll, spec)
 
     @classmethod
-    def open(cls, uri: str, name: str, *, token: str | None = None) -> "MilvusCollection":
-        """Open an existing collection (:class:`NotFoundError` if absent)."""
+    def open(cls, uri: str, name: str, *, token: str | None = None,
+             consistency: str | None = None) -> "MilvusCollection":
+        """Open an existing collection (:class:`NotFoundError` if absent); ``consistency``: that of
+        this object's reads (:data:`READ_CONSISTENCY`; ``None``: the collection's, ``Strong``)."""
         check_name(name)
+        check_consistency(consistency)
         conn = ClientPool.acquire(uri, token)
         try:
-            return cls._open(conn, name)
+            return cls._open(conn, name, consistency)
         except BaseException:
             ClientPool.release(conn)
             raise
 
     @classmethod
     def open_or_create(cls, uri: str, name: str, spec: CollectionSpec, *,
-                       token: str | None = None) -> "MilvusCollection":
-        return cls.create(uri, name, spec, token=token)
+                       token: str | None = None, consistency: str | None = None) -> "MilvusCollection":
+        return cls.create(uri, name, spec, token=token, consistency=consistency)
 
     @classmethod
-    def _open(cls, conn: Connection, name: str) -> "MilvusCollection":
+    def _open(cls, conn: Connection, name: str, consistency: str | None = None) -> "MilvusCollection":
         manifest, desc = describe(conn, name)
         check_layout(manifest, name, conn.uri)
         spec = CollectionSpec.from_dict(manifest)
@@ -133,6 +147,7 @@ class MilvusCollection(CollectionBase):
             repair(conn, name, spec, desc, lambda: _count_rows(conn, name))
             manifest, desc = describe(conn, name)
         coll = cls(conn, name, manifest, desc)
+        coll._read_level = consistency
         coll._rpc(f"loading collection {name!r}", "load_collection")
         for rows in coll._row_colls:  # token rows, companion rows
             coll._rpc(f"loading collection {name!r}", "load_collection", coll=rows)
@@ -184,6 +199,8 @@ class MilvusCollection(CollectionBase):
         from pymilvus.exceptions import MilvusException
 
         mname = coll or self._mname
+        if self._read_level is not None and method in _READS:
+            kwargs["consistency_level"] = self._read_level
         with self._conn.errors(what):
             call = getattr(self._client, method)
             try:

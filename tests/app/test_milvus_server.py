@@ -71,3 +71,34 @@ def test_two_replicas_and_a_job_on_one_server_see_every_write(replicas, milvus_s
         for n in [*names, "notes"]:  # a restart later recovers only what the next tests load
             assert cb.delete(f"/collections/{n}").status_code == 200
         assert ca.get("/collections/notes").status_code == 404
+
+
+def test_session_reads_see_their_own_writes_at_once_and_what_strong_reads_see(milvus_server, tmp_path):
+    """``milvus_consistency="Session"`` (the server's EMBEDPOOL_MILVUS_CONSISTENCY): a collection
+    object's reads skip the wait for the server's time tick that ``Strong`` reads make, and still
+    see this client's own writes at once -- here a write then its read, three rounds, with a
+    ``Strong`` object on the same collection reading the same."""
+    import numpy as np
+
+    from embedpool.errors import InvalidError
+    from embedpool.index import CollectionSpec, delete_collection, open_collection
+
+    where = {"backend": "milvus", "milvus_uri": milvus_server.uri}
+    spec = CollectionSpec(kind="single", model="m", pooler="mean", dim=8)
+    rng = np.random.default_rng(0)
+    with pytest.raises(InvalidError, match="Strong, Session, Bounded, Eventually"):
+        open_collection(tmp_path, "reads", spec, **where, milvus_consistency="session")
+    try:
+        with open_collection(tmp_path, "reads", spec, **where, milvus_consistency="Session") as mine, \
+                open_collection(tmp_path, "reads", **where) as strong:
+            for r in range(3):
+                ids = [f"r{r}-{i}" for i in range(4)]
+                x = rng.standard_normal((4, 8)).astype(np.float32)
+                x /= np.linalg.norm(x, axis=1, keepdims=True)
+                mine.add(ids, x, texts=ids)
+                assert mine.get(ids[-1])["text"] == ids[-1]
+                assert [h[0].id for h in mine.search(x, k=1)] == ids
+                assert len(mine) == len(strong) == 4 * (r + 1)
+                assert [h.id for h in strong.search(x[:1], k=3)[0]] == [h.id for h in mine.search(x[:1], k=3)[0]]
+    finally:
+        delete_collection(tmp_path, "reads", **where)

@@ -292,3 +292,29 @@ def test_measured_requests_are_counted_once_and_not_tokenized_again(embedder, mo
     assert all(o.usage == sum(expected) for o in outs)
     ref = embedder.embed(texts, ["mean"]).matrix("mean")
     assert np.allclose(np.stack(outs[0].vectors["mean"]), ref, atol=1e-5)
+
+
+def test_unmeasured_requests_of_a_round_are_tokenized_in_one_call(embedder, monkeypatch):
+    """Requests queued unmeasured (the server leaves short texts whose limits hold without
+    counting to the worker) are tokenized by the worker in one call for the whole round, a
+    measured request of the same round is not tokenized again, and each gets its own usage and
+    vectors."""
+    texts = [f"query number {i} about mitochondria" for i in range(6)]
+    measured = ["a measured one", "and its second text"]
+    work = embedder.measure(measured, ["mean"])
+    calls = []
+    real = embedder.encoder.tokenize
+    monkeypatch.setattr(embedder.encoder, "tokenize", lambda *a, **k: calls.append(list(a[0])) or real(*a, **k))
+    b = Batcher(embedder, max_queue=1000, max_batch_tokens=2048, max_wait_ms=0)  # queued before the worker starts
+    jobs = [b.submit([t], ["mean"]) for t in texts] + [b.submit(measured, ["mean"], workload=work)]
+    b.start()
+    try:
+        outs = [j.future.result(timeout=120) for j in jobs]
+    finally:
+        b.stop()
+    assert calls == [texts]  # one round: one tokenization of the six, none of the measured request
+    ref = embedder.embed(texts + measured, ["mean"]).matrix("mean")
+    got = np.stack([v for o in outs for v in o.vectors["mean"]])
+    assert np.allclose(got, ref, atol=1e-5)
+    counts = [len(ids) for ids in embedder.encoder.tokenizer(texts + measured)["input_ids"]]
+    assert [o.usage for o in outs] == [*counts[:6], sum(counts[6:])]

@@ -12,7 +12,7 @@ import pytest
 from memory_testutil import watched
 
 from embedpool.errors import InvalidError
-from embedpool.poolers import TokenStates, build_pooler
+from embedpool.poolers import EmbedOptions, TokenStates, build_pooler
 from embedpool.poolers.encoder import WINDOWED, Plan
 
 ALL = ["mean", "max", "cls", "landmark", "landmark:g=8", "tokens:window=true",
@@ -94,6 +94,22 @@ def test_measure_counts_what_embed_runs_and_returns(role, encoder, embedder, lon
     assert embedder.measure([], specs, role=role).vectors == 0
     with pytest.raises(ValueError, match="over the model's limit"):
         embedder.measure(["word " * 400], ["mean"], truncate=False)
+
+
+@pytest.mark.parametrize("role", ["document", "query"])
+def test_work_bound_holds_without_tokenizing(role, embedder, long_text):
+    """``work_bound`` bounds what ``measure`` counts, for any texts (here: over the window, empty,
+    short), whenever it gives a bound; it gives none where a text's cost is not bounded by
+    its count (windowing plans, multi-vector poolers, inputs not truncated)."""
+    texts = [long_text[:6000], "", "a short one", "ünïcödé ☃ " * 200]
+    for specs, options in ((["mean"], {}), (["mean", "cls", "max"], {}), (["mean"], {"truncation_direction": "left"})):
+        bound = embedder.work_bound(len(texts), specs, EmbedOptions(role=role, **options))
+        work = embedder.measure(texts, specs, role=role, **options)
+        assert bound is not None and sum(work.tokens) <= bound[0] and work.vectors <= bound[1], specs
+        assert bound[1] == len(texts) * len(specs)
+    for specs, options in ((["mean:per_window=true"], {}), (["landmark"], {}), (["tokens"], {}), (["mean", "cluster"], {}),
+                           (["mean"], {"truncate": False})):
+        assert embedder.work_bound(len(texts), specs, EmbedOptions(role=role, **options)) is None, specs
 
 
 @pytest.mark.parametrize("role", ["document", "query"])
