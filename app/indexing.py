@@ -226,12 +226,12 @@ class IndexJob:
                     raise InvalidError(f"--companion-pooler: {e}", param="--companion-pooler") from None
                 if resolved is not None:
                     t.companion_pooler, t.companion_rows = resolved
-        engine = {"model": embedder.model_id,
-                  "encoder_precision": embedder.encoder.precision,
-                  "dimensions": dimensions, "normalize": normalize, "role": "document"}
+        encoding = {"model": embedder.model_id,
+                    "encoder_precision": embedder.encoder.precision,
+                    "dimensions": dimensions, "normalize": normalize, "role": "document"}
         for t in self.targets.values():
             # the job state's key stays "companion": a job started before the rename resumes
-            t.settings = {"source": source or {}, **engine, "pooler": t.spec,
+            t.settings = {"source": source or {}, **encoding, "pooler": t.spec,
                           **({"companion": t.companion_pooler} if t.companion_pooler else {})}
         self.engine: dict[str, Any] = {"engine": "in-process"}  # where embedding ran (set by an engine)
         self.records_read = 0

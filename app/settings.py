@@ -23,7 +23,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
 
-    # engine
+    # the model and its encoder
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
                               "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
     precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
@@ -137,7 +137,7 @@ def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | N
 
 
 def load_embedder(settings: Settings):
-    """The engine for these settings (imported lazily: torch is slow to import)."""
+    """The :class:`poolers.Embedder` for these settings (imported lazily: torch is slow to import)."""
     from embedpool.poolers import Embedder, FrozenEncoder
 
     calibration = None

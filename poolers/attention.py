@@ -133,9 +133,10 @@ class AttentionHead(HeadModule):
     def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 1,
                  encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
         if queries < 1:
-            raise InvalidError(f"attention queries must be >= 1, got {queries}")
+            raise InvalidError(f"attention queries must be >= 1, got {queries}", param="pooler")
         if heads < 1 or dim % heads:
-            raise InvalidError(f"attention heads must be >= 1 and divide the state size {dim}, got {heads}")
+            raise InvalidError(f"attention heads must be >= 1 and divide the state size {dim}, got {heads}",
+                               param="pooler")
         super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.score = nn.Linear(dim, queries * heads)
         nn.init.zeros_(self.score.weight)
@@ -197,7 +198,7 @@ class RoleHeads(HeadModule):
 
     def head(self, role: str | None) -> AttentionHead:
         if role not in (None, *self.ROLES):
-            raise InvalidError(f"role must be one of {', '.join(self.ROLES)}, got {role!r}")
+            raise InvalidError(f"role must be one of {', '.join(self.ROLES)}, got {role!r}", param="role")
         return self.query if role == "query" else self.document
 
     def forward(self, hidden: Tensor, mask: Tensor, role: str | None = "document") -> Tensor:
@@ -250,13 +251,14 @@ class AttentionPooler(Pooler):
             self.head = AttentionHead.load(self.weights)
             if self.head.kind != self.name:
                 raise InvalidError(f"{self.weights} holds a head for pooler {self.head.kind!r}, not {self.name!r}; "
-                                   f"use {self.head.kind}:weights={self.weights}")
+                                   f"use {self.head.kind}:weights={self.weights}", param="pooler")
             if "queries" in kwargs and self.queries != self.head.queries:
                 raise InvalidError(f"attention head at {self.weights} has queries={self.head.queries}, "
-                                   f"but the spec asks for queries={self.queries}")
+                                   f"but the spec asks for queries={self.queries}", param="pooler")
             self.queries = self.head.queries
         elif not 1 <= self.queries <= MAX_QUERIES:
-            raise InvalidError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}")
+            raise InvalidError(f"attention queries must be between 1 and {MAX_QUERIES}, got {self.queries}",
+                               param="pooler")
         self.multi_vector = self.queries > 1
         self.role_aware = self.roles == "separate"
 

@@ -62,9 +62,9 @@ class AttnStatsHead(HeadModule):
                  encoder: str | None = None, meta: dict[str, Any] | None = None, hidden: int = 128) -> None:
         if queries != 1 or heads != 1:
             raise InvalidError(f"attnstats gives one vector per text with one attention: queries and heads must "
-                               f"be 1, got {queries} and {heads}")
+                               f"be 1, got {queries} and {heads}", param="pooler")
         if hidden < 1:
-            raise InvalidError(f"attnstats hidden must be >= 1, got {hidden}")
+            raise InvalidError(f"attnstats hidden must be >= 1, got {hidden}", param="pooler")
         super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.hidden = hidden
         self.attention = nn.Linear(dim, hidden)  # W, b

@@ -140,8 +140,8 @@ class Pooler(Configurable):
                     raise InvalidError(
                         f"pooler {cls.name!r} gives one vector per text and has no option {key!r}: {key!r} is "
                         f"an option of the multi-vector poolers ({', '.join(multi)}); drop it or use one of "
-                        f"those (valid options of {cls.name!r}: {valid})")
-                raise InvalidError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}")
+                        f"those (valid options of {cls.name!r}: {valid})", param="pooler")
+                raise InvalidError(f"pooler {cls.name!r} has no option {key!r}; valid options: {valid}", param="pooler")
             out[key] = _coerce(cls.name, key, value, cls.options[key])
         return out
 
@@ -223,19 +223,20 @@ def _coerce(pooler: str, key: str, raw: Any, kind: type) -> Any:
         return kind(raw)
     except ValueError:
         raise InvalidError(
-            f"pooler {pooler!r}: option {key}={raw!r} is not a valid {kind.__name__}"
+            f"pooler {pooler!r}: option {key}={raw!r} is not a valid {kind.__name__}", param="pooler"
         ) from None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     if not isinstance(spec, str) or not spec.strip():
-        raise InvalidError(f"a pooler spec must be a non-empty string like 'mean' or 'cluster:pool_factor=2', got {spec!r}")
+        raise InvalidError(f"a pooler spec must be a non-empty string like 'mean' or 'cluster:pool_factor=2', got {spec!r}",
+                           param="pooler")
     name, _, rest = spec.strip().partition(":")
     opts: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
-            raise InvalidError(f"pooler option {part!r} in {spec!r} must look like key=value")
+            raise InvalidError(f"pooler option {part!r} in {spec!r} must look like key=value", param="pooler")
         opts[key.strip()] = value.strip()
     return name.strip().lower(), opts
 
@@ -252,12 +253,12 @@ def build_pooler(spec: str, *, default: str = "mean", model_id: str | None = Non
     name, raw = parse_spec(spec)
     if name == "auto":
         if raw:
-            raise InvalidError("pooler 'auto' takes no options")
+            raise InvalidError("pooler 'auto' takes no options", param="pooler")
         name, raw = parse_spec(default)
     cls = REGISTRY.get(name)
     if cls is None:
         raise InvalidError(
-            f"unknown pooler {name!r}; choose one of: auto, {', '.join(sorted(REGISTRY))}"
+            f"unknown pooler {name!r}; choose one of: auto, {', '.join(sorted(REGISTRY))}", param="pooler"
         )
     pooler = cls(**raw)
     if cls.binds_model:

@@ -112,9 +112,9 @@ class ClusterPooler(TokenVectorPooler):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         if self.pool_factor < 1:
-            raise InvalidError(f"cluster pool_factor must be >= 1, got {self.pool_factor}")
+            raise InvalidError(f"cluster pool_factor must be >= 1, got {self.pool_factor}", param="pooler")
         if self.protected < 0:
-            raise InvalidError(f"cluster protected must be >= 0, got {self.protected}")
+            raise InvalidError(f"cluster protected must be >= 0, got {self.protected}", param="pooler")
         self.role_aware = not self.pool_queries  # queries keep every token
 
     def pool(self, states: TokenStates) -> list[Tensor]:

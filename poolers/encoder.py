@@ -243,7 +243,8 @@ class FrozenEncoder:
         truncate_dim: int | None = None,
     ) -> None:
         if precision not in PRECISIONS:
-            raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+            raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}",
+                               param="precision")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from transformers.utils import logging as hf_logging
@@ -304,7 +305,8 @@ class FrozenEncoder:
         path, reason = resolve(precision) if self.device.type == "cpu" else ("fp32", "not a CPU device")
         unsafe = self._openvino_unsafe() if path.startswith("openvino") else None
         if unsafe and precision != "auto":
-            raise InvalidError(f"precision {path} cannot run this model: {unsafe}; use fp32, bf16 or auto")
+            raise InvalidError(f"precision {path} cannot run this model: {unsafe}; use fp32, bf16 or auto",
+                               param="precision")
         if unsafe:
             log.warning("precision path %s not used: %s; using fp32", path, unsafe)
             path, reason = "fp32", f"fp32: {path} not used: {unsafe}"
@@ -494,12 +496,13 @@ class FrozenEncoder:
         (``<s> … </s> …`` for RoBERTa-style models); long inputs become several windows of whole
         chunks, each a valid sequence. An empty text is ``[CLS] [SEP]``."""
         if g < 1:
-            raise InvalidError(f"landmark g must be >= 1, got {g}")
+            raise InvalidError(f"landmark g must be >= 1, got {g}", param="pooler")
         sep = self._landmark_separator()
         prefix = list(self.template.prefix)
         per_window = (self.max_length - len(prefix)) // (g + 1)
         if per_window < 1:
-            raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens")
+            raise InvalidError(f"landmark g={g} does not fit the model window of {self.max_length} tokens",
+                               param="pooler")
         enc = self.run_tokenizer(
             [prompt + t for t in texts], add_special_tokens=False, return_attention_mask=False,
             return_token_type_ids=False, verbose=False,

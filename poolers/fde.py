@@ -66,18 +66,18 @@ MAX_FINAL_WEIGHTS = 1 << 27  # final projection matrix entries (512 MB in float3
 def check_options(k_sim: int, dim_proj: int, reps: int, final_dim: int) -> None:
     """Raise InvalidError (a ValueError) naming the bad FDE option."""
     if not 1 <= k_sim <= MAX_K_SIM:
-        raise InvalidError(f"fde k_sim must be between 1 and {MAX_K_SIM}, got {k_sim}")
+        raise InvalidError(f"fde k_sim must be between 1 and {MAX_K_SIM}, got {k_sim}", param="pooler")
     if dim_proj < 1 or reps < 1:
-        raise InvalidError(f"fde dim_proj and reps must be >= 1, got {dim_proj} and {reps}")
+        raise InvalidError(f"fde dim_proj and reps must be >= 1, got {dim_proj} and {reps}", param="pooler")
     if final_dim < 0:
-        raise InvalidError(f"fde final_dim must be >= 0 (0: no final projection), got {final_dim}")
+        raise InvalidError(f"fde final_dim must be >= 0 (0: no final projection), got {final_dim}", param="pooler")
     if max(reps * 2 ** k_sim * dim_proj, final_dim) > MAX_DIM:
         raise InvalidError(f"fde: reps * 2**k_sim * dim_proj = {reps * 2 ** k_sim * dim_proj} components "
-                         f"(final_dim {final_dim}); at most {MAX_DIM:,} are supported")
+                         f"(final_dim {final_dim}); at most {MAX_DIM:,} are supported", param="pooler")
     if final_dim * reps * 2 ** k_sim * dim_proj > MAX_FINAL_WEIGHTS:
         raise InvalidError(f"fde final_dim={final_dim}: the final projection of {reps * 2 ** k_sim * dim_proj} "
                          f"components would need more than {MAX_FINAL_WEIGHTS:,} weights; lower final_dim "
-                         "or the FDE size")
+                         "or the FDE size", param="pooler")
 
 
 class FDE:
@@ -95,7 +95,8 @@ class FDE:
     def __init__(self, dim: int, k_sim: int, dim_proj: int, reps: int, seed: int, final_dim: int = 0) -> None:
         check_options(k_sim, dim_proj, reps, final_dim)
         if dim_proj > dim:
-            raise InvalidError(f"fde dim_proj must be at most the model's dimension {dim}, got {dim_proj}")
+            raise InvalidError(f"fde dim_proj must be at most the model's dimension {dim}, got {dim_proj}",
+                               param="pooler")
         self.dim, self.k_sim, self.dim_proj, self.reps = dim, k_sim, dim_proj, reps
         self.partitions = 2 ** k_sim
         rng = np.random.RandomState(seed)
@@ -246,7 +247,7 @@ class FdeCells:
 
 def _check_role(role: str) -> None:
     if role not in ROLES:
-        raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {role!r}", param="role")
 
 
 @register

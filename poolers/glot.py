@@ -97,10 +97,11 @@ class GlotHead(HeadModule):
                  encoder: str | None = None, meta: dict[str, Any] | None = None, hidden: int = 128,
                  gnn_layers: int = 2, tau: float = 0.3) -> None:
         if queries != 1 or heads != 1:
-            raise InvalidError(f"glot gives one vector per text: queries and heads must be 1, got {queries} and {heads}")
+            raise InvalidError(f"glot gives one vector per text: queries and heads must be 1, got {queries} and {heads}",
+                               param="pooler")
         if hidden < 1 or gnn_layers < 0 or not -1.0 <= tau <= 1.0:
             raise InvalidError(f"glot needs hidden >= 1, gnn_layers >= 0 and -1 <= tau <= 1; got {hidden}, "
-                               f"{gnn_layers}, {tau}")
+                               f"{gnn_layers}, {tau}", param="pooler")
         super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.hidden, self.gnn_layers, self.tau = hidden, gnn_layers, float(tau)
         self.convs = nn.ModuleList(DenseGATLayer(dim if i == 0 else hidden, hidden) for i in range(gnn_layers))

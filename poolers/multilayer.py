@@ -52,7 +52,7 @@ class MultiLayerHead(AttentionHead):
     def __init__(self, dim: int, layers: int, queries: int = 1, value_projection: bool = False, heads: int = 1,
                  encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
         if layers < 1:
-            raise InvalidError(f"multilayer layers must be >= 1, got {layers}")
+            raise InvalidError(f"multilayer layers must be >= 1, got {layers}", param="pooler")
         super().__init__(dim, queries, value_projection, heads, encoder, meta)
         self.layers = layers
         self.layer_mix = nn.Parameter(torch.zeros(queries, layers - 1))  # a_l: zero, the last layer alone

@@ -120,11 +120,12 @@ def _check_tokenized(tokenized: Sequence[Tokenized] | None, n_texts: int, key: t
     if tokenized is None:
         return
     if len(tokenized) != n_texts:
-        raise InvalidError(f"tokenized holds {len(tokenized)} texts' rows for {n_texts} texts")
+        raise InvalidError(f"tokenized holds {len(tokenized)} texts' rows for {n_texts} texts", param="tokenized")
     for i, t in enumerate(tokenized):
         if t.key != key:
             raise InvalidError(f"tokenized[{i}] was made with the options {t.key} (role, truncate, prompt "
-                               f"name, truncation direction), this call has {key}: measure with the same options")
+                               f"name, truncation direction), this call has {key}: measure with the same options",
+                               param="tokenized")
 
 
 def _pool_part(pooler: Pooler, states, role: str, parts: list) -> list | None:
@@ -233,11 +234,12 @@ class Embedder:
         if dimensions is None:
             return
         if isinstance(dimensions, bool) or not isinstance(dimensions, int):
-            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}")
+            raise InvalidError(f"dimensions must be an integer, got {type(dimensions).__name__}", param="dimensions")
         limit = self.natural_dim(spec) if spec is not None else max(self.dim, self.encoder.hidden_size)
         if not 1 <= dimensions <= limit:
             what = f" (the size of pooler {self.canonical(spec)!r}'s vectors)" if spec is not None else ""
-            raise InvalidError(f"dimensions must be between 1 and the model's {limit}{what}, got {dimensions}")
+            raise InvalidError(f"dimensions must be between 1 and the model's {limit}{what}, got {dimensions}",
+                               param="dimensions")
 
     def _plans(self, poolers: Sequence[str] | str | None) -> tuple[dict[str, Pooler], dict[Plan, list[str]]]:
         """The built poolers per spec, and the specs of each tokenization plan."""
@@ -259,7 +261,7 @@ class Embedder:
         limits does not tokenize it again to encode it. Raises what :meth:`embed` would for an
         input it refuses (e.g. too long with ``truncate=False``)."""
         if isinstance(texts, str):
-            raise InvalidError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string", param="texts")
         options = EmbedOptions.of(options, **fields)
         built, by_plan = self._plans(poolers)
         tokens = [0] * len(texts)
@@ -316,10 +318,10 @@ class Embedder:
                 pass its plan shares with the other poolers of the call.
         """
         if isinstance(texts, str):
-            raise InvalidError("texts must be a list of strings, not a single string")
+            raise InvalidError("texts must be a list of strings, not a single string", param="texts")
         options = EmbedOptions.of(options, **fields)
         if options.role not in ROLES:
-            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}")
+            raise InvalidError(f"role must be one of {', '.join(ROLES)}, got {options.role!r}", param="role")
         built, by_plan = self._plans(poolers)
         for spec, p in built.items():
             if p.output_dim(self.encoder.hidden_size) is None:

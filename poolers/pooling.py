@@ -38,7 +38,7 @@ class PoolingPooler(Pooler):
         bad = [m for m in modes if m not in MODES]
         if not modes or bad:
             raise InvalidError(f"pooler 'pooling': mode={self.mode!r}; use one of {', '.join(MODES)} "
-                               "or several joined by +")
+                               "or several joined by +", param="pooler")
         self.modes = modes
         self._module = None
 

@@ -80,7 +80,7 @@ def choose(features: CpuFeatures, available: Iterable[str] | None = None) -> tup
 def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, str]:
     """The concrete path for a requested precision, with the reason it was chosen."""
     if precision not in PRECISIONS:
-        raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}", param="precision")
     if precision == "auto":
         feats = features or cpu_features()
         libs = [lib for lib in ("openvino",) if library_available(lib)]
@@ -97,7 +97,7 @@ def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration
     from embedpool.poolers import runtimes
 
     if path not in PATHS:
-        raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}")
+        raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}", param="precision")
     if path in ("fp32", "bf16"):
         return model
     if path == "bf16-weights":

@@ -67,9 +67,10 @@ class ReinPoolHead(HeadModule):
     def __init__(self, dim: int, queries: int = 1, value_projection: bool = False, heads: int = 4,
                  encoder: str | None = None, meta: dict[str, Any] | None = None) -> None:
         if queries != 1:
-            raise InvalidError(f"reinpool gives one vector per text: queries must be 1, got {queries}")
+            raise InvalidError(f"reinpool gives one vector per text: queries must be 1, got {queries}", param="pooler")
         if heads < 1 or dim % heads:
-            raise InvalidError(f"reinpool heads must be >= 1 and divide the state size {dim}, got {heads}")
+            raise InvalidError(f"reinpool heads must be >= 1 and divide the state size {dim}, got {heads}",
+                               param="pooler")
         super().__init__(dim, queries, False, heads, encoder, meta)
         self.attention = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.norm = nn.LayerNorm(dim)

@@ -112,7 +112,8 @@ class SpladePooler(Pooler):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.top_k < 0 or self.threshold < 0:
-            raise InvalidError(f"splade: top_k and threshold must be >= 0, got {self.top_k} and {self.threshold}")
+            raise InvalidError(f"splade: top_k and threshold must be >= 0, got {self.top_k} and {self.threshold}",
+                               param="pooler")
         self.head: nn.Module | None = None
         self.vocab: int | None = None
 

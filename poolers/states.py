@@ -31,13 +31,13 @@ def layer_indices(layers: str, n: int) -> list[int]:
         idx = [int(part) for part in text.split("+")]
     except ValueError:
         raise InvalidError(f"layers={layers!r}: use all, last<k> (1 <= k <= {n or 'the layer count'}) or indices "
-                           "joined by + (negative from the end, e.g. 1+-1)") from None
+                           "joined by + (negative from the end, e.g. 1+-1)", param="pooler") from None
     if not n:
         return idx
     bad = [i for i in idx if not -n <= i < n]
     if bad:
         raise InvalidError(f"layers={layers!r}: the model has {n} hidden layers (0 = embeddings .. {n - 1}); "
-                           f"no layer {bad[0]}")
+                           f"no layer {bad[0]}", param="pooler")
     return [i % n for i in idx]
 
 

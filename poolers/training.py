@@ -341,7 +341,7 @@ def new_head(cfg: TrainConfig, dim: int, layers: int) -> Head:
     """The untrained head ``cfg`` trains (= mean pooling) for states of size ``dim`` with
     ``layers`` hidden layers (0: last-layer states)."""
     if cfg.pooler not in POOLERS:
-        raise InvalidError(f"pooler must be one of {', '.join(POOLERS)}, got {cfg.pooler!r}")
+        raise InvalidError(f"pooler must be one of {', '.join(POOLERS)}, got {cfg.pooler!r}", param="--pooler")
     separate = cfg.roles == "separate"
     if cfg.pooler == "multilayer":
         if not layers:
