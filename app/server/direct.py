@@ -103,7 +103,8 @@ class DirectRoutes:
         scope.setdefault("path_params", {})
         request = Request(scope, receive)  # the body is read: receive() now waits for a disconnect
         try:
-            response = await route.handler(data, request, await route.state(request))
+            state = await route.state(request)
+            response = await route.handler(data, request, state)
         except Exception as exc:  # noqa: BLE001 - answered as FastAPI's handlers answer it
             response = respond(scope, exc)
         await response(scope, receive, send)
