@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionSpec, parse_filter
+from embedpool.index import CollectionSpec, delete_collection, parse_filter
 from index_testutil import naive_maxsim, rand_docs, rand_unit
 from test_index_contract import _open, milvus_uri, where  # noqa: F401  (fixtures)
 
@@ -232,17 +232,33 @@ def test_bm25_scores_equal_bm25s_with_the_same_tokenization(tmp_path):
         coll.close()
 
 
-def _lexical(coll):
-    """``coll`` for a lexical test; a collection made on a Milvus server without full-text search
-    (2.3 and 2.4) must refuse BM25 with the version that has it -- checked, then the test skips."""
-    if coll.manifest.get("milvus_full_text") is False:
-        with pytest.raises(InvalidError, match="no full-text.*Milvus 2.5 and later"):
-            coll.search(k=3, mode="bm25", texts=["cat"])
+#: the backends with full-text search (FAISS, Milvus Lite); the real server here is Milvus 2.3, which
+#: has none: test_a_milvus_server_without_full_text_refuses_bm25_naming_the_version checks its refusal
+LEXICAL = pytest.mark.parametrize("where", ["faiss", "milvus"], indirect=True)
+
+
+@pytest.mark.slow
+def test_a_milvus_server_without_full_text_refuses_bm25_naming_the_version(milvus_server, tmp_path):
+    """Milvus 2.3 and 2.4 have no full-text search: a collection made there records it, and a
+    lexical or hybrid search is an InvalidError (a 422) that names the version that has it."""
+    from embedpool.index.milvus.versions import features_of
+
+    assert not features_of(milvus_server.version()).full_text, \
+        "this Milvus server has full-text search: add it to LEXICAL's backends"
+    where = {"data_dir": tmp_path / "data", "backend": "milvus", "milvus_uri": milvus_server.uri}
+    coll = _open(where, "nofts", SINGLE)
+    try:
+        assert coll.manifest.get("milvus_full_text") is False
+        coll.add(["a"], rand_unit(np.random.default_rng(0), 1, DIM), texts=["a cat"])
+        for mode in ("bm25", "hybrid"):
+            with pytest.raises(InvalidError, match="no full-text.*Milvus 2.5 and later"):
+                coll.search(rand_unit(np.random.default_rng(1), 1, DIM), k=3, mode=mode, texts=["cat"])
+    finally:
         coll.close()
-        pytest.skip("this Milvus server has no full-text search (the refusal is checked)")
-    return coll
+        delete_collection(where["data_dir"], "nofts", backend="milvus", milvus_uri=milvus_server.uri)
 
 
+@LEXICAL
 def test_bm25_and_hybrid_on_every_backend(where, corpus):
     _bm25_and_hybrid(where, corpus)
 
@@ -254,7 +270,7 @@ def test_bm25_and_hybrid_with_broad_filters_on_faiss(tmp_path, corpus, monkeypat
 
 
 def _bm25_and_hybrid(where, corpus):
-    coll = _lexical(_open(where, "bm", SINGLE))
+    coll = _open(where, "bm", SINGLE)
     try:
         _fill(coll, corpus)
         nin = coll.search(k=10, mode="bm25", texts=["wolf bear"], filter={"tags": {"$nin": ["cat", "dog"]}})[0]
@@ -286,9 +302,10 @@ def _bm25_and_hybrid(where, corpus):
         coll.close()
 
 
+@LEXICAL
 def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
     """RRF and min-max score fusion, recomputed here from the two sides' own rankings."""
-    coll = _lexical(_open(where, "hy", MULTI))
+    coll = _open(where, "hy", MULTI)
     try:
         _fill(coll, corpus)
         rng = np.random.default_rng(4)
@@ -325,9 +342,10 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
         coll.close()
 
 
+@LEXICAL
 def test_a_delete_or_upsert_changes_lexical_and_vector_hits_in_the_same_commit(where):
     spec = CollectionSpec(**{**SINGLE.to_dict(), "dim": 4})
-    writer = _lexical(_open(where, "lx", spec))
+    writer = _open(where, "lx", spec)
     rng = np.random.default_rng(2)
     x = rand_unit(rng, 3, 4)
     try:
