@@ -5,6 +5,7 @@ API image (``make test-image``) and a ``pip install .`` would not."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,7 +17,15 @@ TREES = {"embedpool": "embedpool", "app": "embedpool/app", "index": "embedpool/i
 
 
 def test_a_built_wheel_holds_every_module_and_static_file(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+    # built from a copy: setuptools writes build/ and *.egg-info next to pyproject.toml, and a
+    # build/lib left from an earlier build would keep files the tree no longer has
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for tree in TREES:
+        shutil.copytree(ROOT / tree, src / tree, ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
                         "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = tmp_path.glob("embedpool-*.whl")
