@@ -73,12 +73,13 @@ def local_snapshot(path: str) -> str:
     PyLate save's settings from a folder, not from an id offline); ``path`` itself otherwise."""
     if Path(path).is_dir():
         return path
-    try:
-        from huggingface_hub import snapshot_download
+    try:  # a cache lookup only (no network call exists on this path): the snapshot of config.json
+        from huggingface_hub import try_to_load_from_cache
 
-        return snapshot_download(path, local_files_only=True)
-    except Exception:  # not a repo id, or not in the cache: the loader says so
+        cached = try_to_load_from_cache(path, "config.json")
+    except Exception:  # not a valid repo id: the loader says so
         return path
+    return str(Path(cached).parent) if isinstance(cached, str) else path
 
 
 def is_multi_vector(path: str) -> bool:
