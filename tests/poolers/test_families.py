@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from embedpool.errors import InvalidError
-from embedpool.poolers import Embedder, FrozenEncoder, Plan
+from embedpool.poolers import EmbedOptions, Embedder, FrozenEncoder, Plan
 from embedpool.poolers.encoder import WINDOWED
 
 from family_models import DOCUMENTS, FAMILIES, QUERIES, WINDOW, build, reference
@@ -168,3 +168,17 @@ def test_auto_precision_path_within_the_bar(models, name):
         got = emb.embed(texts, ["auto"], role=role, normalize=False).matrix("auto")
         assert got.shape == expected.shape
         assert cosines(got, expected).min() >= 0.999, (name, role, enc.precision)
+
+
+@pytest.mark.parametrize("role", ["query", "document"])
+def test_the_servers_work_bound_holds_on_every_family(models, role):
+    """A server checks a short request's limits on ``work_bound`` instead of tokenizing it: the
+    bound must hold for every family's own tokenization -- prompts (bert-cls-prompt, qwen3), a
+    decoder's end-of-text token (qwen3, llama), byte-level BPE -- on texts past the window,
+    empty and short, in both roles."""
+    texts = [*DOCUMENTS, *QUERIES]
+    for name, (_, _, emb) in models.items():
+        bound = emb.work_bound(len(texts), ["auto"], EmbedOptions(role=role))
+        work = emb.measure(texts, ["auto"], role=role)
+        assert bound is not None, name
+        assert max(work.tokens) > 0 and sum(work.tokens) <= bound[0] and work.vectors <= bound[1], (name, bound)
