@@ -13,10 +13,13 @@ request's usage is the count that measurement made. A request its caller did not
 measured by the worker, once, for both: all such requests of a group in one tokenizer call (the
 server leaves short texts to it, whose limits hold without counting).
 
-Before a round that is not full the worker waits up to ``max_wait_ms`` for more requests, but
-only while fewer are queued than were in flight at once during the previous round (the clients
-that are about to send again): a lone client's request starts at once, and a round of eight
-closed-loop clients starts as soon as the eighth has arrived.
+Batching is continuous: when a round ends and requests are queued, the next round starts at
+once with what is there (as TEI and Infinity do) -- the model is never kept waiting while there
+is work. Only when the model was idle (the queue ran empty and a request then arrived) does the
+worker wait, up to ``max_wait_ms``, for a round that is not full, and only while fewer requests
+are queued than were in flight at once during the previous round (the clients that are about to
+send again): a lone client's request starts at once, and a round of eight closed-loop clients
+starts as soon as the eighth has arrived.
 
 The event loop only enqueues and awaits (:meth:`Batcher.embed`), so it keeps answering while the
 worker encodes. A full queue raises :class:`~embedpool.errors.OverloadedError` (HTTP 429). A cancelled request (client
@@ -117,9 +120,10 @@ class Batcher:
             (a request arriving at an empty queue is always admitted).
         max_batch_tokens: estimated tokens the worker takes per round.
         max_wait_ms: the longest the worker waits for more requests before starting a round
-            that is not full. It only waits while fewer requests are queued than were in
-            flight at once during the previous round (so a lone client never waits), and stops
-            as soon as that many are there.
+            that is not full, and only after the model was idle (a round that ends with
+            requests queued is followed at once by the next). It only waits while fewer
+            requests are queued than were in flight at once during the previous round (so a
+            lone client never waits), and stops as soon as that many are there.
         observer: optional metrics sink (see :class:`BatchObserver`).
         before_round: optional ``f(tokens)`` called in the worker thread with a round's
             estimated tokens before it is encoded (the server sets the encoder's thread count
@@ -264,14 +268,18 @@ class Batcher:
 
     # ------------------------------------------------------------------ worker side
     def _run(self) -> None:
+        idle = True  # the model had nothing to do before the requests now queued arrived
         while True:
             with self._cond:
                 while not self._pending and not self._stopping:
+                    idle = True
                     self._cond.wait()
                 if self._stopping:
                     return
                 clients = self._peak  # in flight at once during the previous round
-                if self.max_wait and self._wants_more(clients):
+                # A round that ended with requests queued is followed at once (continuous
+                # batching): waiting for its clients would leave the model idle while there is work.
+                if idle and self.max_wait and self._wants_more(clients):
                     deadline = time.monotonic() + self.max_wait
                     while self._wants_more(clients) and not self._stopping:
                         left = deadline - time.monotonic()
@@ -290,6 +298,7 @@ class Batcher:
                         self._fail(s.job, exc)
                 with self._cond:
                     self._in_round = 0
+                idle = False
 
     def _wants_more(self, clients: int) -> bool:
         """Worth waiting: room in the round, and fewer requests queued than were in flight

@@ -58,8 +58,9 @@ class Settings(BaseSettings):
                                      "and poolers together (a multi-vector pooler returns one per token or "
                                      "cluster; 413 above it)")
     max_queue: int = Field(1024, ge=1, description="inputs waiting to be encoded before 429")
-    max_wait_ms: float = Field(2.0, ge=0, description="longest wait of the batcher to fill a round (only while the "
-                               "previous round's clients are still to come; a lone client never waits)")
+    max_wait_ms: float = Field(2.0, ge=0, description="longest wait of the batcher to fill a round, only after the "
+                               "model was idle (a round that ends with requests queued is followed at once) and "
+                               "while the previous round's clients are still to come; a lone client never waits")
     single_thread_tokens: int = Field(32, ge=0, description="batcher rounds under this many tokens (a sentence or "
                                       "two) run the encoder on one thread, which is as fast on a quiet machine and "
                                       "faster on a busy one; 0 = always all threads")

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--max-payload-bytes", type=int, help="largest request body (413 above)")
     p.add_argument("--max-queue", type=int, help="inputs waiting before 429")
     p.add_argument("--max-wait-ms", type=float,
-                   help="longest wait to fill a batch (only for clients of the previous round)")
+                   help="longest wait to fill a batch (only after the model was idle, for clients of the previous round)")
     p.add_argument("--single-thread-tokens", type=int,
                    help="batcher rounds under this many tokens encode on one thread (0: always all threads)")
     p.add_argument("--allow-pooler-paths", action="store_true", default=None,

@@ -226,6 +226,32 @@ def test_a_round_waits_for_the_clients_of_the_previous_round_and_no_longer():
     assert elapsed < 1.5  # it started when the fourth arrived, not after max_wait_ms
 
 
+def test_requests_queued_during_a_round_start_as_soon_as_it_ends():
+    """Continuous batching: a round that ends with requests queued is followed at once by a
+    round of those, even when fewer are queued than were in flight during it (so waiting for
+    the clients just answered would look worthwhile). The previous policy waited max_wait_ms
+    here, idling the model: with 60 s of it the second round would miss the 10 s below."""
+    gate = threading.Event()
+    emb = FakeEmbedder(gate=gate)
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=60_000).start()
+    try:
+        running = b.submit(["running"], ["mean"])  # a lone request: starts at once, held by the gate
+        deadline = time.monotonic() + 10
+        while b.queued_inputs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.queued_inputs == 0  # taken by the worker: the round is running
+        queued = [b.submit([f"queued {k}"], ["mean"]) for k in range(2)]  # three in flight, two queued
+        gate.set()
+        running.future.result(10)
+        outs = [job.future.result(10) for job in queued]
+    finally:
+        gate.set()
+        b.stop()
+    assert [c[0] for c in emb.calls] == [["running"], ["queued 0", "queued 1"]]  # one round for both
+    assert [o.vectors["mean"][0].tolist() for o in outs] == [expected(f"queued {k}", "mean").tolist()
+                                                             for k in range(2)]
+
+
 def test_before_round_gets_the_round_tokens_in_the_worker_thread():
     seen = []
     b = Batcher(FakeEmbedder(), max_queue=100, max_batch_tokens=10_000, max_wait_ms=0,
