@@ -13,6 +13,8 @@ Heads (each `embedpool train-pooler` as a user would run it, into bench/.heads/)
 - `multilayer+guard` / `attention+guard`: early stopping guarded by the *other* task's non-test
   split (trained on SciFact: STS-B dev; trained on STS-B: SciFact train), so no kept checkpoint
   scores below mean there;
+- `attention+noise`, `glot+noise`, `attnstats+noise`: trained with distractor words making up
+  90% of every training and dev document's tokens (`--distractors 0.9`), GLOT's diagnostic;
 - `glot`, `attnstats`, `reinpool` (issue 32, docs/research-poolers.md): the same settings with
   `--pooler glot|attnstats|reinpool`; `reinpool` has one policy (shared roles, 4 attention heads)
   and trains by REINFORCE. With `reinpool` evaluated, the SciFact run also scores `tokens`
@@ -61,6 +63,7 @@ OUT = ROOT / "bench" / "results" / "train_generalize.json"
 EMBEDPOOL = str(ROOT / ".venv" / "bin" / "embedpool")
 SEEDS = (0, 1, 2)
 ANCHOR = "10"
+NOISE = "0.9"  # GLOT's diagnostic: 90% of the tokens are distractors
 
 TRAIN = {  # the README's commands for the attention head
     "scifact": ["--data", SCIFACT, "--split", "train", "--roles", "separate"],
@@ -81,6 +84,11 @@ VARIANTS = {
     "glot": lambda s: ["--pooler", "glot"],
     "attnstats": lambda s: ["--pooler", "attnstats"],
     "reinpool": lambda s: ["--pooler", "reinpool", "--roles", "shared", "--heads", "4"],
+    # GLOT's diagnostic trains at the noise level it tests: distractors make up NOISE of every
+    # training and dev document's tokens (train-pooler --distractors), scored by `stress`
+    "attention+noise": lambda s: ["--pooler", "attention", "--distractors", NOISE],
+    "glot+noise": lambda s: ["--pooler", "glot", "--distractors", NOISE],
+    "attnstats+noise": lambda s: ["--pooler", "attnstats", "--distractors", NOISE],
 }
 
 

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -65,6 +65,13 @@ def _register(sub, name: str) -> None:
                         "never test")
     p.add_argument("--guard-tolerance", type=float, default=0.0, metavar="D",
                    help="allow the guard metric this far below the untrained head's")
+    p.add_argument("--distractors", type=float, default=0.0, metavar="R",
+                   help="train under noise: random in-domain words make up R (0 to 0.95) of the tokens of every "
+                        "training and dev text on --distractor-side, injected as `embedpool eval --stress "
+                        "distractors` does (GLOT's diagnostic trains at the noise level it tests; 0: off)")
+    p.add_argument("--distractor-side", choices=["documents", "queries", "both"], default="documents",
+                   help="with --distractors: the texts that get them (documents: the positives, STS: the second "
+                        "sentences; queries: the queries, STS: the first; default documents)")
     p.add_argument("--queries", type=int, default=1, help="output vectors per text (PMA-style)")
     p.add_argument("--heads", type=int, default=1,
                    help="attention heads: each pools its own slice of the state dimensions (must divide it); "
@@ -148,6 +155,42 @@ def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
     if len(train.pairs) < 4:
         raise InvalidError(f"only {len(train.pairs)} training pairs found; need at least 4")
     return train, dev
+
+
+def with_distractors(tokenizer, train: Texts, dev: Texts | None, ratio: float, side: str,
+                     seed: int) -> tuple[Texts, Texts | None, float]:
+    """``train`` and ``dev`` with distractor words making up ``ratio`` of the tokens of every text
+    on ``side`` (:class:`app.evaluation.stress.Distractors`: words drawn from the training texts,
+    inserted at random positions, the text's own words in order). A text that occurs in several
+    pairs gets one stressed version, so the pairs still share it. Returns the two and the
+    measured injected fraction (distractor tokens over all tokens of the stressed texts)."""
+    from embedpool.app.evaluation.stress import MAX_RATIO, Distractors
+
+    if not 0.0 < ratio <= MAX_RATIO:
+        raise InvalidError(f"--distractors must be in (0, {MAX_RATIO}], got {ratio}", param="--distractors")
+    if train.docs is not None:
+        raise InvalidError("--distractors needs labelled pairs (--data or --sts), not --corpus", param="--distractors")
+    pool = Distractors(tokenizer, [t for pair in train.pairs for t in pair], seed)
+    pool.rng.seed(f"train-{seed}-{ratio}")
+    counts = [0, 0]  # own, added
+
+    def stress(texts: Texts) -> Texts:
+        done: dict[str, str] = {}
+
+        def one(text: str) -> str:
+            if text not in done:
+                done[text], own, added = pool.inject(text, ratio)
+                counts[0] += own
+                counts[1] += added
+            return done[text]
+
+        q, d = side in ("queries", "both"), side in ("documents", "both")
+        pairs = [(one(a) if q else a, one(b) if d else b) for a, b in texts.pairs]
+        return replace(texts, pairs=pairs)
+
+    train = stress(train)
+    dev = stress(dev) if dev is not None else None
+    return train, dev, counts[1] / max(1, sum(counts))
 
 
 def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_layers: bool, max_bytes: int):
@@ -253,6 +296,10 @@ def run(args: argparse.Namespace) -> int:
     train, dev = training_texts(args)
     guard = guard_texts(args)
     encoder = load_embedder(from_args(args)).encoder
+    injected = None
+    if args.distractors:
+        train, dev, injected = with_distractors(encoder.tokenizer, train, dev, args.distractors,
+                                                args.distractor_side, args.seed)
     out = Path(args.out)
     cache = Path(args.cache_dir) if args.cache_dir else out.parent / ".state-cache"
     started = time.perf_counter()
@@ -266,8 +313,13 @@ def run(args: argparse.Namespace) -> int:
     head.save(out, encoder=encoder.model_id, objective=train.objective, source=str(args.data or args.sts or args.corpus),
               split=args.split, dev_split=args.dev_split, self_supervised=args.self_supervised, seed=args.seed,
               best_epoch=report.best_epoch, best_step=report.best_step, anchor=args.anchor,
-              guard=str(args.guard_data or args.guard_sts or "") or None)
+              guard=str(args.guard_data or args.guard_sts or "") or None,
+              **({"distractors": args.distractors, "distractor_side": args.distractor_side} if injected is not None
+                 else {}))
     summary = _summary(args, out, train, dev, report, states_s, train_s)
+    if injected is not None:
+        summary.update(distractors=args.distractors, distractor_side=args.distractor_side,
+                       injected_fraction=round(injected, 5))
     summary["trainable_parameters"] = sum(t.numel() for t in head.parameters() if t.requires_grad)
     (out / "train_report.json").write_text(json.dumps({**summary, "history": report.history}, indent=2))
     if report.best_step == 0:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
-from embedpool.app import cli
+import pytest
+
+from embedpool.app import cli, datasets
 from embedpool.app.commands import train_pooler as cmd
 
 SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stocks fell sharply today.",
@@ -103,3 +105,62 @@ def test_train_pooler_glot_attnstats_reinpool_with_anchor_and_guard(embedder, tm
     assert cli.main(["train-pooler", "--pooler", "reinpool", "--roles", "separate", "--data", str(beir),
                      "--out", str(tmp_path / "no")]) == 2
     assert "reinpool has no separate" in capsys.readouterr().err
+
+
+def test_with_distractors_stresses_the_asked_side_of_train_and_dev(encoder):
+    """--distractors: every text on the side gets the asked share of distractor tokens (counted by
+    the model's tokenizer, its own words in order), a text shared by pairs gets one stressed
+    version, the other side and the scores are untouched, and the dev texts are stressed too."""
+    tok = encoder.tokenizer
+    count = lambda t: len(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    pairs = [(SENTENCES[i % 4], SENTENCES[4 + i % 3]) for i in range(8)]  # documents shared by pairs
+    train = cmd.Texts("cosent", pairs, [float(i) for i in range(8)])
+    dev = cmd.Texts("cosent", [(SENTENCES[6], SENTENCES[7])], [1.0])
+    for ratio in (0.5, 0.9):
+        st, sd, frac = cmd.with_distractors(tok, train, dev, ratio, "documents", seed=3)
+        assert st.scores == train.scores and [a for a, _ in st.pairs] == [a for a, _ in pairs]
+        for (_, b), (_, sb) in zip(pairs + dev.pairs, st.pairs + sd.pairs):
+            n = count(b)
+            assert count(sb) == n + round(ratio * n / (1 - ratio))
+            words = iter(sb.split())
+            assert all(w in words for w in b.split())
+        stressed = {b: sb for (_, b), (_, sb) in zip(pairs, st.pairs)}
+        assert all(stressed[b] == sb for (_, b), (_, sb) in zip(pairs, st.pairs))  # one version per text
+        assert frac == pytest.approx(ratio, abs=0.03)
+    st, _, _ = cmd.with_distractors(tok, train, None, 0.5, "queries", seed=3)
+    assert [b for _, b in st.pairs] == [b for _, b in pairs] and all(count(a) > count(a0) for (a, _), (a0, _)
+                                                                     in zip(st.pairs, pairs))
+    again, _, _ = cmd.with_distractors(tok, train, None, 0.5, "queries", seed=3)
+    assert again.pairs == st.pairs  # seeded
+    with pytest.raises(ValueError, match="--distractors must be in"):
+        cmd.with_distractors(tok, train, None, 0.99, "documents", seed=0)
+
+
+def test_train_pooler_with_distractors(embedder, tmp_path, monkeypatch, capsys):
+    """The head trains on the stressed texts (those reach the token-state cache), the report and
+    the head's config say so, and the head serves; --corpus (ICT) is refused."""
+    monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
+    seen = []
+    states = cmd._states
+    monkeypatch.setattr(cmd, "_states", lambda enc, train, *a: seen.append(train) or states(enc, train, *a))
+    sts = tmp_path / "sts"
+    sts.mkdir()
+    _sts(sts, "train", 8)
+    _sts(sts, "dev", 5)
+    out = tmp_path / "head"
+    assert cli.main(["train-pooler", "--pooler", "attnstats", "--sts", str(sts), "--dev-split", "dev",
+                     "--distractors", "0.7", "--epochs", "1", "--out", str(out),
+                     "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["distractors"] == 0.7 and summary["distractor_side"] == "documents"
+    assert summary["injected_fraction"] == pytest.approx(0.7, abs=0.03)
+    clean = [(a, b) for a, b, _ in datasets.load_sts(str(sts), "train")]
+    assert [a for a, _ in seen[0].pairs] == [a for a, _ in clean]
+    assert all(len(sb.split()) > 2 * len(b.split()) for (_, b), (_, sb) in zip(clean, seen[0].pairs))
+    assert json.loads((out / "head.json").read_text())["distractors"] == 0.7
+    assert embedder.embed(["a cat"], [summary["pooler"]]).matrix(summary["pooler"]).shape == (1, 384)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"{s} {s}"}) + "\n" for i, s in enumerate(SENTENCES)))
+    assert cli.main(["train-pooler", "--corpus", str(corpus), "--self-supervised", "ict", "--distractors", "0.5",
+                     "--out", str(tmp_path / "no")]) == 2
+    assert "--distractors needs labelled pairs" in capsys.readouterr().err
