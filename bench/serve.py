@@ -262,9 +262,10 @@ def start_infinity(venv: Path, model_path: str, logdir: Path, dtype: str = "floa
     return Proc(f"infinity-{dtype}", cmd, {}, port, "/health", logdir / f"infinity-{dtype}.log")
 
 
-def infinity_dtype(path: str) -> str:
-    """Infinity's dtype comparable to an embedpool path (bf16 paths vs Infinity bfloat16)."""
-    return "bfloat16" if "bf16" in path else "float32"
+def infinity_dtype(path: str, override: str | None = None) -> str:
+    """Infinity's dtype comparable to an embedpool path (bf16 paths vs Infinity bfloat16), unless
+    ``--infinity-dtype`` names one."""
+    return override or ("bfloat16" if "bf16" in path else "float32")
 
 
 async def stage_seconds(port: int) -> dict[str, float]:
@@ -465,7 +466,7 @@ def start_peers(args, logdir: Path, results: dict, servers: dict, inf_ok: bool) 
             results["setup"][f"{base.name}_load_seconds"] = round(base.wait(), 1)
             results["runs"][p]["baseline_server"] = asyncio.run(server_precision(base.port))
     if inf_ok:
-        for dtype in dict.fromkeys(infinity_dtype(paths[p]) for p in args.precision):
+        for dtype in dict.fromkeys(infinity_dtype(paths[p], args.infinity_dtype) for p in args.precision):
             srv = servers[f"infinity-{dtype}"] = start_infinity(args.infinity_venv, default_model_path(), logdir, dtype)
             results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
     models = {name: ("all-MiniLM-L6-v2" if name.startswith("infinity") else "x") for name in servers}
@@ -489,6 +490,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per cell; the best counts")
     ap.add_argument("--infinity-venv", type=Path, default=ROOT / "bench" / ".infinity-venv",
                     help="Infinity venv (make infinity creates it)")
+    ap.add_argument("--infinity-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="Infinity's dtype for every path (default: bfloat16 next to a bf16 path, else float32), "
+                    "e.g. bfloat16 on a CPU without bf16 units, where auto's path is float32")
     ap.add_argument("--no-infinity", action="store_true")
     ap.add_argument("--load-seconds", type=float, default=60)
     ap.add_argument("--load-clients", type=int, default=64)
@@ -555,10 +559,10 @@ def main() -> int:
                     order = order[1:] + order[:1]
         for p in args.precision:
             results["runs"][p].update({
-                "infinity_dtype": infinity_dtype(paths[p]),
+                "infinity_dtype": infinity_dtype(paths[p], args.infinity_dtype),
                 "inprocess": {s: inproc[(p, s)] for s in sets},
                 "cells": [{"set": s, "concurrency": c, "embedpool": cells[(f"embedpool-{p}", s, c)],
-                           "infinity": cells.get((f"infinity-{infinity_dtype(paths[p])}", s, c)),
+                           "infinity": cells.get((f"infinity-{infinity_dtype(paths[p], args.infinity_dtype)}", s, c)),
                            "baseline": cells.get((f"embedpool-{p}-baseline", s, c))}
                           for s in sets for c in args.concurrency]})
         del engines
