@@ -66,6 +66,9 @@ class Settings(BaseSettings):
                                       "faster on a busy one; 0 = always all threads")
     rerank_cache_mb: int = Field(256, ge=0, description="memory for the document vectors /rerank keeps (least "
                                  "recently used first out); reranked candidates often recur; 0 = off")
+    shutdown_timeout: float = Field(30.0, ge=0, description="seconds a stopping server (SIGTERM) lets the requests "
+                                    "in flight finish; one still running then gets a 503 that says to send it again. "
+                                    "Give the container manager longer (docker stop -t, compose stop_grace_period)")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="server log level")
 

@@ -30,6 +30,8 @@ def register(sub) -> None:
                    help="longest wait to fill a batch (only after the model was idle, for clients of the previous round)")
     p.add_argument("--single-thread-tokens", type=int,
                    help="batcher rounds under this many tokens encode on one thread (0: always all threads)")
+    p.add_argument("--shutdown-timeout", type=float,
+                   help="seconds a stopping server lets the requests in flight finish (default 30)")
     p.add_argument("--allow-pooler-paths", action="store_true", default=None,
                    help="let requests load pooler weights from paths (attention:weights=PATH)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
@@ -47,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=10, server_header=False)
+                timeout_graceful_shutdown=settings.shutdown_timeout, server_header=False)
     return 0

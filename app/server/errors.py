@@ -26,7 +26,7 @@ status     type                 when
 422        validation_error     a field is missing, of the wrong type or out of range
 429        overloaded           the queue is full (``Retry-After`` says when to retry)
 503        not_ready            the model is still loading (or failed to load); the storage
-                                backend is down
+                                backend is down; the server stopped before the request finished
 500        internal_error       a bug: logged with its traceback
 =========  ===================  ==========================================================
 
@@ -37,6 +37,7 @@ client's next request on that keep-alive connection fails.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedpool.app.server import schemas
-from embedpool.errors import TABLE, EmbedpoolError, Kind, kind_of
+from embedpool.errors import TABLE, EmbedpoolError, Kind, UnavailableError, kind_of
 
 log = logging.getLogger("embedpool.server")
 
@@ -294,12 +295,20 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
     return respond(request.scope, exc)
 
 
+STOPPED = ("the server stopped before this request finished: it was shutting down and lets requests in flight "
+           "finish for EMBEDPOOL_SHUTDOWN_TIMEOUT seconds (serve --shutdown-timeout); send it again")
+
+
 class CatchAll:
     """Answers an exception that no handler took (a bug) with the 500 of :func:`render`.
 
     Starlette's own last-resort handler re-raises the exception after answering, and uvicorn
     then closes the connection; answering here keeps the client's keep-alive connection usable.
-    An exception after the response has started cannot be answered and is re-raised."""
+    An exception after the response has started cannot be answered and is re-raised.
+
+    A request still running when a stopping server's ``shutdown_timeout`` ends is cancelled by
+    uvicorn, which would answer a bare text 500; it gets the JSON 503 of :data:`STOPPED` instead
+    (a client or load balancer sends a 503 again, elsewhere)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -322,6 +331,10 @@ class CatchAll:
             if started:
                 raise
             await respond(scope, exc)(scope, receive, send)
+        except asyncio.CancelledError:
+            if not started:
+                await respond(scope, UnavailableError(STOPPED))(scope, receive, send)
+            raise
 
 
 def install(app: FastAPI) -> None:
