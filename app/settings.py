@@ -13,11 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedpool.errors import InvalidError
 from embedpool.index import READ_CONSISTENCY
-
-# poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
-# (tests/poolers/test_precision.py checks that the two agree)
-PRECISIONS = ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino-bf16", "openvino-int8",
-              "openvino-int8-weights", "int8")
+from embedpool.precisions import ENCODER_PRECISIONS
 
 
 class Settings(BaseSettings):
@@ -26,7 +22,7 @@ class Settings(BaseSettings):
     # the model and its encoder
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
                               "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
-    precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
+    precision: Literal[ENCODER_PRECISIONS] = Field(  # type: ignore[valid-type]
         "auto", description="encoder path; auto = the fastest within the quality bar on this CPU "
         "(see poolers/precision.py)")
     calibration_file: str | None = Field(None, description="texts (one per line) to calibrate static int8 "
@@ -88,7 +84,7 @@ def add_engine_args(parser: argparse.ArgumentParser, *, several_models: bool = F
                                  "models, the first the default (env EMBEDPOOL_MODEL, entries separated by commas)")
     else:
         parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
-    parser.add_argument("--precision", choices=list(PRECISIONS),
+    parser.add_argument("--precision", choices=list(ENCODER_PRECISIONS),
                         help="encoder path: auto (default: the fastest within the quality bar on this CPU), fp32, "
                         "bf16 (autocast), bf16-weights, openvino-fp32/-bf16/-int8/-int8-weights; "
                         "int8 = openvino-int8 (env EMBEDPOOL_PRECISION)")

@@ -75,8 +75,8 @@ if THREADS > 0:
 import numpy as np  # noqa: E402
 
 from embedpool.app.tables import render_table  # noqa: E402
-from embedpool.index import (STORAGE_PRECISIONS, CollectionSpec, FaissCollection, delete_collection,  # noqa: E402
-                             open_collection)
+from embedpool.index import CollectionSpec, FaissCollection, delete_collection, open_collection  # noqa: E402
+from embedpool.precisions import STORAGE_PRECISIONS  # noqa: E402
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
+from embedpool.precisions import ENCODER_PRECISIONS  # auto, fp32, bf16, ...
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
@@ -242,8 +242,8 @@ class FrozenEncoder:
         calibration: Sequence[str] | None = None,
         truncate_dim: int | None = None,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}",
+        if precision not in ENCODER_PRECISIONS:
+            raise InvalidError(f"precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {precision!r}",
                                param="precision")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -36,7 +36,7 @@ def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     Work is sized in tokens and bytes; the record counts are upper bounds (see
     :class:`app.indexing.IndexJob`)."""
     from embedpool.app.indexing import BATCH_TOKENS, COMMIT_BYTES
-    from embedpool.index import STORAGE_PRECISIONS
+    from embedpool.precisions import STORAGE_PRECISIONS
 
     p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
                    help=f"tokens per embedding call, all windows counted (default {BATCH_TOKENS:,}); "
