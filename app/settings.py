@@ -77,7 +77,7 @@ class Settings(BaseSettings):
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
-def add_engine_args(parser: argparse.ArgumentParser, *, several_models: bool = False) -> None:
+def add_model_args(parser: argparse.ArgumentParser, *, several_models: bool = False) -> None:
     if several_models:
         parser.add_argument("--model", action="append", metavar="[NAME=]PATH_OR_ID",
                             help="Hugging Face id or local folder; repeat as NAME=PATH_OR_ID to serve several "
