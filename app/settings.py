@@ -12,7 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedpool.errors import InvalidError
-from embedpool.index import READ_CONSISTENCY
+from embedpool.index import BACKENDS, READ_CONSISTENCY
 from embedpool.precisions import ENCODER_PRECISIONS
 
 
@@ -32,7 +32,8 @@ class Settings(BaseSettings):
                                   "round (small batches stay in cache: faster on small CPUs than 16384)")
     # storage
     data_dir: str = Field("./data", description="folder of the FAISS collections")
-    backend: Literal["faiss", "milvus"] = Field("faiss", description="vector store: faiss (folders under data_dir) or milvus")
+    backend: Literal[BACKENDS] = Field(  # type: ignore[valid-type]
+        "faiss", description="vector store: faiss (folders under data_dir) or milvus")
     milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
     milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
     milvus_consistency: Literal[READ_CONSISTENCY] = Field(  # type: ignore[valid-type]
@@ -96,7 +97,7 @@ def add_storage_args(parser: argparse.ArgumentParser, *, reads: bool = True) -> 
     """The storage flags; ``reads``: the command reads collections to answer (search, serve),
     so it takes ``--milvus-consistency`` (the indexing job reads and writes Strong)."""
     parser.add_argument("--data-dir", help="folder of collections (env EMBEDPOOL_DATA_DIR)")
-    parser.add_argument("--backend", choices=["faiss", "milvus"], help="vector store (env EMBEDPOOL_BACKEND)")
+    parser.add_argument("--backend", choices=list(BACKENDS), help="vector store (env EMBEDPOOL_BACKEND)")
     parser.add_argument("--milvus-uri", help="Milvus Lite file or http://host:19530 (env EMBEDPOOL_MILVUS_URI)")
     parser.add_argument("--milvus-token", help="Milvus token (env EMBEDPOOL_MILVUS_TOKEN)")
     if reads:
