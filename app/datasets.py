@@ -76,9 +76,10 @@ class CorpusSource:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise InvalidError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}")
+            raise InvalidError(f"unknown corpus format {self.format!r}; use one of {', '.join(FORMATS)}",
+                               param="--format")
         if self.path != "-" and not Path(self.path).is_file():
-            raise NotFoundError(f"corpus file {self.path} does not exist")
+            raise NotFoundError(f"corpus file {self.path} does not exist", param="CORPUS")
 
     @property
     def is_stdin(self) -> bool:
@@ -142,7 +143,7 @@ class CorpusSource:
         lines stay in the slice before them); Parquet needs only its footer, and sizes a slice
         by its row groups' bytes per row. Not for stdin."""
         if self.is_stdin:
-            raise InvalidError("stdin cannot be read in slices; give the corpus as a file")
+            raise InvalidError("stdin cannot be read in slices; give the corpus as a file", param="CORPUS")
         size = max(1, int(size))
         limit = None if max_bytes is None else max(1, int(max_bytes))
         fmt = self.resolved_format()
@@ -227,17 +228,19 @@ class CorpusSource:
     def _from_mapping(self, obj: dict, fmt: str, where: str) -> Record:
         id_field, text_field, title_field = self._fields(obj.keys(), fmt)
         if id_field not in obj or obj[id_field] is None:
-            raise InvalidError(f"{where}: no id field {id_field!r}; choose one with --id-field")
+            raise InvalidError(f"{where}: no id field {id_field!r}; choose one with --id-field", param="--id-field")
         if text_field not in obj:
-            raise InvalidError(f"{where}: no text field {text_field!r}; choose one with --text-field")
+            raise InvalidError(f"{where}: no text field {text_field!r}; choose one with --text-field",
+                               param="--text-field")
         text = obj[text_field]
         text = "" if text is None else text
         if not isinstance(text, str):
-            raise InvalidError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
+            raise InvalidError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string",
+                               param="--text-field")
         if title_field:
             title = obj.get(title_field) or ""
             if not isinstance(title, str):
-                raise InvalidError(f"{where}: field {title_field!r} is not a string")
+                raise InvalidError(f"{where}: field {title_field!r} is not a string", param="--title-field")
             text = document_text(title, text)
         meta = obj.get("metadata")
         return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
@@ -253,7 +256,7 @@ class CorpusSource:
         for f, flag in ((id_field, "--id-field"), (text_field, "--text-field")):
             if f not in names:
                 raise InvalidError(f"{self.path}: no column {f!r} (columns: {', '.join(names)}); "
-                                   f"choose one with {flag}")
+                                   f"choose one with {flag}", param=flag)
         cols = [id_field, text_field] + ([title_field] if title_field and title_field in names else [])
         stop = pf.metadata.num_rows if stop is None else stop
         groups, row, first = [], 0, None  # the row groups that overlap [start, stop)
@@ -416,7 +419,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     for need in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
         if not (folder / need).is_file():
             raise NotFoundError(f"{folder / need} not found: --data expects a BEIR folder with "
-                                    f"corpus.jsonl, queries.jsonl and qrels/{split}.tsv")
+                                    f"corpus.jsonl, queries.jsonl and qrels/{split}.tsv", param="--data")
     qrels = load_qrels(folder / "qrels" / f"{split}.tsv")
     queries = load_queries(folder / "queries.jsonl", keep=qrels)
     qrels = {q: r for q, r in qrels.items() if q in queries}
@@ -463,7 +466,7 @@ def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, fl
     path = Path(folder) / f"{split}.tsv"
     if not path.is_file():
         raise NotFoundError(f"{path} not found: --sts expects a folder with {split}.tsv "
-                                "(sentence1, sentence2, score)")
+                                "(sentence1, sentence2, score)", param="--sts")
     pairs = []
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)

@@ -233,7 +233,7 @@ class IndexJob:
             # the job state's key stays "companion": a job started before the rename resumes
             t.settings = {"source": source or {}, **encoding, "pooler": t.spec,
                           **({"companion": t.companion_pooler} if t.companion_pooler else {})}
-        self.engine: dict[str, Any] = {"engine": "in-process"}  # where embedding ran (set by an engine)
+        self.runner: dict[str, Any] = {"runner": "in-process"}  # where embedding ran (set by a runner)
         self.records_read = 0
         self.records_indexed = 0
         self.tokens = 0
@@ -339,8 +339,8 @@ class IndexJob:
 
     def drive(self, blocks: Iterable["EmbeddedBlock"], total: int | None = None) -> dict[str, Any]:
         """Write embedded blocks in corpus order, committing every ``commit_every`` records --
-        the part of the job every engine shares. ``blocks`` (from :meth:`run`'s own loop, or
-        from a distributed engine) start at :attr:`start`; the engine sets :attr:`records_read`."""
+        the part of the job every runner shares. ``blocks`` (from :meth:`run`'s own loop, or
+        from a distributed runner) start at :attr:`start`; the runner sets :attr:`records_read`."""
         if any(t.coll is None for t in self.targets.values()):
             self.open()
         t_start = time.perf_counter()
@@ -382,7 +382,7 @@ class IndexJob:
         return self.summary()
 
     def remaining_work(self) -> dict[str, Any]:
-        """What an engine needs to embed the rest of the corpus the way :meth:`run` does."""
+        """What a runner needs to embed the rest of the corpus the way :meth:`run` does."""
         return {"start": self.start, "batch_docs": self.batch_docs, "batch_tokens": self.batch_tokens,
                 "specs": self.specs,
                 "checks": {t.committed - 1: (t.last_id, t.name) for t in self.targets.values() if t.committed > 0},
@@ -394,7 +394,7 @@ class IndexJob:
         return _specs(self.targets.values())
 
     def _embedded_here(self, records: Iterable[Record]) -> Iterator["EmbeddedBlock"]:
-        """The in-process engine: the records from :attr:`start` on, cut into embedding calls by
+        """The in-process runner: the records from :attr:`start` on, cut into embedding calls by
         :func:`token_calls`, embedded in this process."""
         start = self.start
         checks = self.remaining_work()["checks"]
@@ -498,7 +498,7 @@ class IndexJob:
                          "encode_seconds": round(t.encode_seconds, 3)})
         secs = self.elapsed
         return {"collection": self.name, "data_dir": str(self.data_dir), "backend": self.backend,
-                "engine": self.engine,
+                "runner": self.runner,
                 "milvus_uri": self._where["milvus_uri"], "records": self.records_read,
                 "indexed_this_run": self.records_indexed, "seconds": round(secs, 3),
                 "docs_per_s": round(self.records_indexed / secs, 2) if secs else None,
@@ -517,10 +517,10 @@ def _specs(targets: Iterable[Target]) -> list[str]:
 _RECORDED_ONLY = frozenset({"encoder_precision"})
 
 
-# ---------------------------------------------------------------------------------- shared by the engines
+# ---------------------------------------------------------------------------------- shared by the runners
 @dataclass
 class EmbeddedBlock:
-    """One block of the corpus, embedded: what every engine hands to :meth:`IndexJob.drive`.
+    """One block of the corpus, embedded: what every runner hands to :meth:`IndexJob.drive`.
 
     Attributes:
         positions, ids, texts, metadata: the records kept (a duplicate id inside the block:

@@ -1,4 +1,4 @@
-"""``embedpool index --engine ray``: the index job with its embedding on Ray Data.
+"""``embedpool index --runner ray``: the index job with its embedding on Ray Data.
 
 The job is the same :class:`app.indexing.IndexJob` as in-process -- the same collections, job
 state, commits, resume and final compaction (:meth:`IndexJob.drive`); only where the embedding
@@ -285,22 +285,22 @@ def default_threads(workers: int) -> int:
     return max(1, int(min(total // max(workers, 1), max(nodes, default=1))))
 
 
-def run_on_ray(job: IndexJob, source: CorpusSource, engine_settings: dict, *, address: str | None = None,
+def run_on_ray(job: IndexJob, source: CorpusSource, model_settings: dict, *, address: str | None = None,
                workers: int = 1, threads: int | None = None) -> dict[str, Any]:
     """Run ``job`` (opened) with its embedding on Ray (see the module docstring); the summary."""
-    import_extra("ray", "ray", "--engine ray")
+    import_extra("ray", "ray", "--runner ray")
     if source.is_stdin:
-        raise InvalidError("--engine ray reads the corpus on the workers: give it as a file, not stdin",
-                           param="--engine")
+        raise InvalidError("--runner ray reads the corpus on the workers: give it as a file, not stdin",
+                           param="--runner")
     if workers < 1:
         raise InvalidError("--workers must be >= 1", param="--workers")
     # the workers run the encoder path the driver resolved (``auto`` picks per CPU): a collection's
     # vectors are all made by the one path its manifest records
-    engine_settings = {**engine_settings, "precision": job.embedder.encoder.precision}
-    return _run(job, source, engine_settings, address, workers, threads)
+    model_settings = {**model_settings, "precision": job.embedder.encoder.precision}
+    return _run(job, source, model_settings, address, workers, threads)
 
 
-def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: str | None, workers: int,
+def _run(job: IndexJob, source: CorpusSource, model_settings: dict, address: str | None, workers: int,
          threads: int | None) -> dict[str, Any]:
     import ray
 
@@ -313,9 +313,9 @@ def _run(job: IndexJob, source: CorpusSource, engine_settings: dict, address: st
         first = min([work["start"], *work["checks"]])
         todo = [s for s in slices if s.stop > first]
         writes = _worker_writes(job)
-        job.engine = {"engine": "ray", "address": address or "local", "workers": workers, "threads": threads,
+        job.runner = {"runner": "ray", "address": address or "local", "workers": workers, "threads": threads,
                       "writes": "workers" if writes else "driver", "blocks": len(todo)}
-        return job.drive(_stream(job, source, todo, work, engine_settings, workers, threads, writes),
+        return job.drive(_stream(job, source, todo, work, model_settings, workers, threads, writes),
                          total=job.records_read)
     finally:
         if started:
@@ -333,7 +333,7 @@ def _worker_writes(job: IndexJob) -> dict | None:
                                  "companion_pooler": t.companion_pooler} for t in targets}}
 
 
-def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: dict, engine_settings: dict,
+def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: dict, model_settings: dict,
             workers: int, threads: int, writes: dict | None) -> Iterator[EmbeddedBlock]:
     import ray
 
@@ -354,7 +354,7 @@ def _stream(job: IndexJob, source: CorpusSource, todo: list[CorpusSlice], work: 
     ds = ds.map_batches(
         EmbedWorker, batch_size=None, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=workers),
-        fn_constructor_kwargs=dict(settings=engine_settings, specs=specs, options=work["options"],
+        fn_constructor_kwargs=dict(settings=model_settings, specs=specs, options=work["options"],
                                    threads=threads, write=writes,
                                    model=(job.embedder.model_id, job.embedder.dim),
                                    batch_tokens=work["batch_tokens"], batch_docs=work["batch_docs"]),

@@ -12,12 +12,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedpool.errors import InvalidError
-from embedpool.index import READ_CONSISTENCY
-
-# poolers.precision.PRECISIONS, spelled out so that reading settings does not import torch
-# (tests/poolers/test_precision.py checks that the two agree)
-PRECISIONS = ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino-bf16", "openvino-int8",
-              "openvino-int8-weights", "int8")
+from embedpool.index import BACKENDS, READ_CONSISTENCY
+from embedpool.precisions import ENCODER_PRECISIONS
 
 
 class Settings(BaseSettings):
@@ -26,7 +22,7 @@ class Settings(BaseSettings):
     # the model and its encoder
     model: str | None = Field(None, description="Hugging Face id or local folder; default: packaged all-MiniLM-L6-v2. "
                               "The server takes several, NAME=PATH_OR_ID separated by commas, the first the default")
-    precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
+    precision: Literal[ENCODER_PRECISIONS] = Field(  # type: ignore[valid-type]
         "auto", description="encoder path; auto = the fastest within the quality bar on this CPU "
         "(see poolers/precision.py)")
     calibration_file: str | None = Field(None, description="texts (one per line) to calibrate static int8 "
@@ -36,7 +32,8 @@ class Settings(BaseSettings):
                                   "round (small batches stay in cache: faster on small CPUs than 16384)")
     # storage
     data_dir: str = Field("./data", description="folder of the FAISS collections")
-    backend: Literal["faiss", "milvus"] = Field("faiss", description="vector store: faiss (folders under data_dir) or milvus")
+    backend: Literal[BACKENDS] = Field(  # type: ignore[valid-type]
+        "faiss", description="vector store: faiss (folders under data_dir) or milvus")
     milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
     milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
     milvus_consistency: Literal[READ_CONSISTENCY] = Field(  # type: ignore[valid-type]
@@ -81,14 +78,14 @@ class Settings(BaseSettings):
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
-def add_engine_args(parser: argparse.ArgumentParser, *, several_models: bool = False) -> None:
+def add_model_args(parser: argparse.ArgumentParser, *, several_models: bool = False) -> None:
     if several_models:
         parser.add_argument("--model", action="append", metavar="[NAME=]PATH_OR_ID",
                             help="Hugging Face id or local folder; repeat as NAME=PATH_OR_ID to serve several "
                                  "models, the first the default (env EMBEDPOOL_MODEL, entries separated by commas)")
     else:
         parser.add_argument("--model", help="Hugging Face id or local folder (env EMBEDPOOL_MODEL)")
-    parser.add_argument("--precision", choices=list(PRECISIONS),
+    parser.add_argument("--precision", choices=list(ENCODER_PRECISIONS),
                         help="encoder path: auto (default: the fastest within the quality bar on this CPU), fp32, "
                         "bf16 (autocast), bf16-weights, openvino-fp32/-bf16/-int8/-int8-weights; "
                         "int8 = openvino-int8 (env EMBEDPOOL_PRECISION)")
@@ -100,7 +97,7 @@ def add_storage_args(parser: argparse.ArgumentParser, *, reads: bool = True) -> 
     """The storage flags; ``reads``: the command reads collections to answer (search, serve),
     so it takes ``--milvus-consistency`` (the indexing job reads and writes Strong)."""
     parser.add_argument("--data-dir", help="folder of collections (env EMBEDPOOL_DATA_DIR)")
-    parser.add_argument("--backend", choices=["faiss", "milvus"], help="vector store (env EMBEDPOOL_BACKEND)")
+    parser.add_argument("--backend", choices=list(BACKENDS), help="vector store (env EMBEDPOOL_BACKEND)")
     parser.add_argument("--milvus-uri", help="Milvus Lite file or http://host:19530 (env EMBEDPOOL_MILVUS_URI)")
     parser.add_argument("--milvus-token", help="Milvus token (env EMBEDPOOL_MILVUS_TOKEN)")
     if reads:

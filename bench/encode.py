@@ -125,10 +125,11 @@ def build_systems(args, st, enc32, feats):
     from onnx_paths import PATHS as ONNX_PATHS
     from onnx_paths import load_path
 
-    from embedpool.poolers.precision import PATHS, choose
+    from embedpool.poolers.precision import choose
+    from embedpool.precisions import ENCODER_PATHS
 
     isa = feats.isa
-    wanted = args.paths or [*PATHS, *ONNX_PATHS]
+    wanted = args.paths or [*ENCODER_PATHS, *ONNX_PATHS]
     systems = {"st_fp32": lambda t: st.encode(t, batch_size=args.batch_size, normalize_embeddings=True,
                                               convert_to_numpy=True, show_progress_bar=False)}
     load_s, skipped = {}, {}

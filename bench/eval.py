@@ -89,10 +89,10 @@ def precision_suite(args) -> int:
     import json
 
     from embedpool.cpu import cpu_features
-    from embedpool.poolers.precision import PATHS
+    from embedpool.precisions import ENCODER_PATHS
 
     isa = cpu_features().isa
-    paths = args.paths or [p for p in PATHS if "bf16" not in p or isa in ("amx", "avx512_bf16")]
+    paths = args.paths or [p for p in ENCODER_PATHS if "bf16" not in p or isa in ("amx", "avx512_bf16")]
     paths = ["fp32", *[p for p in paths if p != "fp32"]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     rows = {}

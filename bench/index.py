@@ -29,12 +29,12 @@ in its own backend); and a probe of Milvus' own multi-vector MaxSim (Array of St
 Reads the embedding cache only (never encodes). Writes ``bench/results/index_milvus.json``
 (marked ``partial`` until the run completes) and prints a Markdown table.
 
-Engines part (``--engines``; issue 15): the index job (``embedpool index``, ``mean`` +
-``cluster:pool_factor=4``) over the SciFact corpus in-process vs ``--engine ray`` with 1 and 2
-workers, in one run: docs/s and peak RSS of the driver and of each worker (bench/index_engines.py).
-Writes ``bench/results/index_engines.json``.
+Runners part (``--runners``; issue 15): the index job (``embedpool index``, ``mean`` +
+``cluster:pool_factor=4``) over the SciFact corpus in-process vs ``--runner ray`` with 1 and 2
+workers, in one run: docs/s and peak RSS of the driver and of each worker (bench/index_runners.py).
+Writes ``bench/results/index_runners.json``.
 
-    flock /tmp/embedpool-bench.lock .venv/bin/python bench/index.py --engines [--docs N]
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/index.py --runners [--docs N]
 
 Both SciFact parts read the embeddings from ``bench/results/cache/`` (see bench/scifact_data.py):
 the corpus is encoded once, by the first run (slow: one forward pass serves every pooler).
@@ -75,14 +75,14 @@ if THREADS > 0:
 import numpy as np  # noqa: E402
 
 from embedpool.app.tables import render_table  # noqa: E402
-from embedpool.index import (STORAGE_PRECISIONS, CollectionSpec, FaissCollection, delete_collection,  # noqa: E402
-                             open_collection)
+from embedpool.index import CollectionSpec, FaissCollection, delete_collection, open_collection  # noqa: E402
+from embedpool.precisions import STORAGE_PRECISIONS  # noqa: E402
 
 RESULTS = _HERE / "results" / "index_synthetic.json"
 RESULTS_SCIFACT = _HERE / "results" / "index_scifact.json"
 RESULTS_MILVUS = _HERE / "results" / "index_milvus.json"
 RESULTS_FDE = _HERE / "results" / "index_fde.json"
-RESULTS_ENGINES = _HERE / "results" / "index_engines.json"
+RESULTS_RUNNERS = _HERE / "results" / "index_runners.json"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MULTI_POOLERS = ("tokens", "cluster:pool_factor=2", "cluster:pool_factor=3", "cluster:pool_factor=4",
                  "cluster:pool_factor=8", "cluster:pool_factor=16")
@@ -657,8 +657,8 @@ def _args() -> argparse.Namespace:
                                        "or the pooler's default with --no-sweep)")
     ap.add_argument("--backend", choices=["faiss", "milvus"], default="faiss",
                     help="milvus: SciFact FAISS flat vs Milvus FLAT side by side (issue 7)")
-    ap.add_argument("--engines", action="store_true",
-                    help="the index job in-process vs --engine ray with 1 and 2 workers (issue 15)")
+    ap.add_argument("--runners", action="store_true",
+                    help="the index job in-process vs --runner ray with 1 and 2 workers (issue 15)")
     ap.add_argument("--milvus-uri", help="Milvus server URI (default: Milvus Lite in a temp file)")
     ap.add_argument("--milvus-token")
     ap.add_argument("--multi-pooler", default="cluster:pool_factor=16",
@@ -716,20 +716,20 @@ def run_scifact_or_milvus(args: argparse.Namespace, machine: dict) -> None:
     print(f"\nwrote {out_path}")
 
 
-def run_engines(args: argparse.Namespace) -> None:
-    """``--engines``: the index job in-process vs on Ray (bench/index_engines.py)."""
-    import index_engines
+def run_runners(args: argparse.Namespace) -> None:
+    """``--runners``: the index job in-process vs on Ray (bench/index_runners.py)."""
+    import index_runners
     from scifact_data import SCIFACT
 
-    out_path = args.out or (RESULTS_ENGINES if not args.docs else RESULTS_ENGINES.with_name(
-        f"index_engines_{args.docs}.json"))
-    machine = index_engines.machine()
+    out_path = args.out or (RESULTS_RUNNERS if not args.docs else RESULTS_RUNNERS.with_name(
+        f"index_runners_{args.docs}.json"))
+    machine = index_runners.machine()
     print(json.dumps(machine))
-    res = {"machine": machine, **index_engines.bench_engines(SCIFACT, args.docs)}
+    res = {"machine": machine, **index_runners.bench_runners(SCIFACT, args.docs)}
     res["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(res, indent=2) + "\n")
-    print(index_engines.markdown(res))
+    print(index_runners.markdown(res))
     print(f"\nwrote {out_path}")
 
 
@@ -791,8 +791,8 @@ def main() -> None:
     machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": THREADS}
     if args.fde:
         run_fde(args, machine)
-    elif args.engines:
-        run_engines(args)
+    elif args.runners:
+        run_runners(args)
     elif args.scifact or args.backend == "milvus":
         run_scifact_or_milvus(args, machine)
     else:

@@ -15,7 +15,7 @@ import torch
 
 from embedpool.poolers import runtimes
 
-#: path name -> (library, what it is), beside ``poolers.precision.PATHS``
+#: path name -> (library, what it is), beside ``embedpool.precisions.ENCODER_PATHS``
 PATHS = {
     "onnx-int8": ("onnxruntime", "ONNX Runtime quantize_dynamic: per-channel int8 weights, dynamic activations"),
     "onnx-qdq": ("onnxruntime", "ONNX Runtime quantize_static: QDQ int8, calibrated"),

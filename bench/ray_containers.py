@@ -1,8 +1,8 @@
 """The index job on a Ray cluster of containers vs the in-process job of the same image (issue 25):
 the first 1,000 SciFact documents, ``mean`` + ``cluster:pool_factor=4``, in one run.
 
-Sides: ``embedpool index`` in one container of the Ray image (in-process engine), and the same
-command with ``--engine ray`` on the head of a cluster of a head (no CPUs) and two worker
+Sides: ``embedpool index`` in one container of the Ray image (in-process runner), and the same
+command with ``--runner ray`` on the head of a cluster of a head (no CPUs) and two worker
 containers (2 Ray CPUs each, one actor of 1 thread per worker), each container on its own address
 of a podman network (tests/image/podman_util.py's RayCluster, as the image tests run it).
 Reported per side: docs/s of the job by its own clock (``seconds`` of its summary: model loading
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "image"))
 
-from index_engines import machine  # noqa: E402
+from index_runners import machine  # noqa: E402
 from podman_util import CGROUP_PEAK, RAY_IMAGE, RayCluster, inspect, peak_memory, podman  # noqa: E402
 
 N_DOCS = 1000

@@ -15,6 +15,11 @@ against embedpool alone (non-429 failures, /health latency throughout, RSS befor
     .venv/bin/python bench/serve.py                        # fp32, ~15 min on 2 cores
     .venv/bin/python bench/serve.py --precision fp32 bf16  # also the bf16 path
     .venv/bin/python bench/serve.py --quick                # small sizes, ~3 min
+    .venv/bin/python bench/serve.py --baseline ../old/.venv/bin/python  # + another checkout's server
+
+``--baseline PYTHON`` adds a second embedpool server per precision, started with another
+checkout's venv Python (from that checkout's folder, the venv's parent): the code before a change,
+measured in the same interleaved cells as the current code, on the same load.
 
 Infinity runs from its own venv (``--infinity-venv``, default bench/.infinity-venv, made by ``make infinity``, with
 ``infinity-emb[server,torch]`` and the CPU torch build) on the same local model folder with
@@ -178,10 +183,11 @@ def free_port() -> int:
 
 
 class Proc:
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, health: str, log: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, health: str, log: Path,
+                 cwd: Path = ROOT) -> None:
         self.name, self.port, self.health = name, port, health
         self.log = open(log, "wb")
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT, stdout=self.log,
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=cwd, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self, timeout: float = 600) -> float:
@@ -223,14 +229,29 @@ async def _get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def start_embedpool(precision: str, logdir: Path, max_batch_tokens: int | None = None) -> Proc:
+def start_embedpool(precision: str, logdir: Path, max_batch_tokens: int | None = None,
+                    python: Path | None = None) -> Proc:
+    """embedpool's server with this checkout's Python, or (``python``, a baseline) with another
+    checkout's venv Python, run from that checkout (the venv's parent folder)."""
     port = free_port()
-    env = {"EMBEDPOOL_PRECISION": precision, "EMBEDPOOL_DATA_DIR": str(logdir / "data"),
+    name = f"embedpool-{precision}" + ("-baseline" if python else "")
+    env = {"EMBEDPOOL_PRECISION": precision, "EMBEDPOOL_DATA_DIR": str(logdir / "data" / name),
            "EMBEDPOOL_LOG_LEVEL": "warning"}
     if max_batch_tokens:
         env["EMBEDPOOL_MAX_BATCH_TOKENS"] = str(max_batch_tokens)
-    return Proc(f"embedpool-{precision}", [sys.executable, "-m", "embedpool.app.cli", "serve", "--port", str(port)],
-                env, port, "/health", logdir / f"embedpool-{precision}.log")
+    cmd = [str(python or sys.executable), "-m", "embedpool.app.cli", "serve", "--port", str(port)]
+    return Proc(name, cmd, env, port, "/health", logdir / f"{name}.log",
+                cwd=baseline_tree(python) if python else ROOT)
+
+
+def baseline_tree(python: Path) -> Path:
+    """The checkout a venv Python belongs to (``TREE/.venv/bin/python``)."""
+    return Path(os.path.abspath(python)).parents[2]
+
+
+def git_commit(tree: Path) -> str | None:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def start_infinity(venv: Path, model_path: str, logdir: Path, dtype: str = "float32") -> Proc:
@@ -241,9 +262,10 @@ def start_infinity(venv: Path, model_path: str, logdir: Path, dtype: str = "floa
     return Proc(f"infinity-{dtype}", cmd, {}, port, "/health", logdir / f"infinity-{dtype}.log")
 
 
-def infinity_dtype(path: str) -> str:
-    """Infinity's dtype comparable to an embedpool path (bf16 paths vs Infinity bfloat16)."""
-    return "bfloat16" if "bf16" in path else "float32"
+def infinity_dtype(path: str, override: str | None = None) -> str:
+    """Infinity's dtype comparable to an embedpool path (bf16 paths vs Infinity bfloat16), unless
+    ``--infinity-dtype`` names one."""
+    return override or ("bfloat16" if "bf16" in path else "float32")
 
 
 async def stage_seconds(port: int) -> dict[str, float]:
@@ -383,16 +405,24 @@ def table(results: dict) -> str:
             ip = per["inprocess"][cell["set"]]
             r_ep = ep["throughput"] / ip["pipeline"]
             r_vs = ep["throughput"] / inf["throughput"] if inf else None
+            base = cell.get("baseline")
             st = ep.get("stages") or {}
             busy = ep["seconds"] or 1.0
             shares = " / ".join(f"{100 * st.get(k, 0) / busy:.0f}%" for k in ("tokenize", "forward", "pool", "count",
                                                                                "deliver"))
             idle = max(0.0, 100 * (1 - sum(st.values()) / busy)) if st else None
             inf_s = f"{inf['throughput']:g} ({inf['p50_ms']:g}/{inf['p99_ms']:g})" if inf else ""
+            base_s = (f" {base['throughput']:g} ({base['p50_ms']:g}/{base['p99_ms']:g}) | "
+                      f"{ep['throughput'] / base['throughput']:.2f}x |" if base else "")
             rows.append(
                 f"| {label} | {cell['set']} | {cell['concurrency']} | {ep['throughput']:g} ({ep['p50_ms']:g}/"
                 f"{ep['p99_ms']:g}) | {inf_s} | {ip['pipeline']:g} | {ip.get('pipeline_1', '')} | {r_ep:.2f}x "
-                f"| {'' if r_vs is None else f'{r_vs:.2f}x'} | {shares + f' / {idle:.0f}%' if st else ''} |")
+                f"| {'' if r_vs is None else f'{r_vs:.2f}x'} | {shares + f' / {idle:.0f}%' if st else ''} |"
+                + base_s)
+    commit = results["setup"].get("baseline_commit")
+    if commit:
+        rows[0] += f" baseline {commit} req/s (p50/p99 ms) | embedpool / baseline |"
+        rows[1] += "---|---:|"
     load = results.get("load")
     if load:
         rows += ["", f"Load run ({load['clients']} clients, {load['seconds']} s, {load['precision']}): "
@@ -431,8 +461,12 @@ def start_peers(args, logdir: Path, results: dict, servers: dict, inf_ok: bool) 
         results["runs"][p] = {"server": info}
         paths[p] = info["precision"] or p
         print(f"  {srv.name}: path {paths[p]} ({info.get('precision_reason')})", flush=True)
+        base = servers.get(f"embedpool-{p}-baseline")
+        if base is not None:
+            results["setup"][f"{base.name}_load_seconds"] = round(base.wait(), 1)
+            results["runs"][p]["baseline_server"] = asyncio.run(server_precision(base.port))
     if inf_ok:
-        for dtype in dict.fromkeys(infinity_dtype(paths[p]) for p in args.precision):
+        for dtype in dict.fromkeys(infinity_dtype(paths[p], args.infinity_dtype) for p in args.precision):
             srv = servers[f"infinity-{dtype}"] = start_infinity(args.infinity_venv, default_model_path(), logdir, dtype)
             results["setup"][f"{srv.name}_load_seconds"] = round(srv.wait(), 1)
     models = {name: ("all-MiniLM-L6-v2" if name.startswith("infinity") else "x") for name in servers}
@@ -456,9 +490,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per cell; the best counts")
     ap.add_argument("--infinity-venv", type=Path, default=ROOT / "bench" / ".infinity-venv",
                     help="Infinity venv (make infinity creates it)")
+    ap.add_argument("--infinity-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="Infinity's dtype for every path (default: bfloat16 next to a bf16 path, else float32), "
+                    "e.g. bfloat16 on a CPU without bf16 units, where auto's path is float32")
     ap.add_argument("--no-infinity", action="store_true")
     ap.add_argument("--load-seconds", type=float, default=60)
     ap.add_argument("--load-clients", type=int, default=64)
+    ap.add_argument("--baseline", type=Path, default=None, metavar="PYTHON",
+                    help="also run the server of another checkout (its venv's Python, e.g. "
+                    "../old/.venv/bin/python) in the same interleaved cells")
     ap.add_argument("--quick", action="store_true", help="64 sentences, 24 documents, 1 rep, 10 s load run")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -480,12 +520,17 @@ def main() -> int:
                   "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
                   "method": "all servers up at once (idle ones use no CPU); per cell the systems run "
                             "one after another, repeated --reps times in rotating order; best of the reps",
-                  "infinity": infinity_version(args.infinity_venv) if inf_ok else None},
+                  "infinity": infinity_version(args.infinity_venv) if inf_ok else None,
+                  "commit": git_commit(ROOT)},
         "runs": {},
     }
     # Servers first (they load in parallel), then the in-process engines.
     servers: dict[str, Proc] = {f"embedpool-{p}": start_embedpool(p, logdir, args.max_batch_tokens)
                                 for p in args.precision}
+    if args.baseline:
+        results["setup"]["baseline_commit"] = git_commit(baseline_tree(args.baseline))
+        servers.update({f"embedpool-{p}-baseline": start_embedpool(p, logdir, args.max_batch_tokens, args.baseline)
+                        for p in args.precision})
     try:
         paths, models = start_peers(args, logdir, results, servers, inf_ok)
         engines = {p: InProcess(p, args.max_batch_tokens) for p in args.precision}
@@ -514,14 +559,16 @@ def main() -> int:
                     order = order[1:] + order[:1]
         for p in args.precision:
             results["runs"][p].update({
-                "infinity_dtype": infinity_dtype(paths[p]),
+                "infinity_dtype": infinity_dtype(paths[p], args.infinity_dtype),
                 "inprocess": {s: inproc[(p, s)] for s in sets},
                 "cells": [{"set": s, "concurrency": c, "embedpool": cells[(f"embedpool-{p}", s, c)],
-                           "infinity": cells.get((f"infinity-{infinity_dtype(paths[p])}", s, c))}
+                           "infinity": cells.get((f"infinity-{infinity_dtype(paths[p], args.infinity_dtype)}", s, c)),
+                           "baseline": cells.get((f"embedpool-{p}-baseline", s, c))}
                           for s in sets for c in args.concurrency]})
         del engines
         gc.collect()
-        for name in [n for n in servers if n.startswith("infinity")]:  # the load run is embedpool's alone
+        for name in [n for n in servers if n.startswith("infinity") or n.endswith("-baseline")]:
+            # the load run is the current embedpool's alone
             servers.pop(name).stop()
         if args.load_seconds > 0:
             p = args.precision[0]

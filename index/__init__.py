@@ -28,7 +28,7 @@ from .faiss import FaissCollection
 from .filters import parse_filter
 from .fusion import FUSIONS
 from .lexical import LANGUAGES, canonical_analyzer
-from .maxsim import STORAGE_PRECISIONS, bytes_per_vector, dequantize, maxsim_scores, quantize
+from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
     "BACKENDS", "READ_CONSISTENCY", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
     "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
-    "FORMAT_VERSION", "maxsim_scores", "quantize", "STORAGE_PRECISIONS", "dequantize", "bytes_per_vector",
+    "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
 ]
 
 

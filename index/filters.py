@@ -96,7 +96,7 @@ Node = Union[Match, Range, Exists, Logic]
 
 # ---------------------------------------------------------------------------------- parsing
 def _bad(msg: str) -> InvalidError:
-    return InvalidError(f"filter: {msg}")
+    return InvalidError(f"filter: {msg}", param="filter")
 
 
 def date_instant(value: Any) -> float | None:

@@ -27,8 +27,7 @@ import numpy as np
 
 from . import kernels
 from embedpool.errors import InternalError, InvalidError
-
-STORAGE_PRECISIONS = ("float32", "float16", "int8")  # how multi-vector token vectors are stored
+from embedpool.precisions import STORAGE_PRECISIONS  # how multi-vector token vectors are stored
 
 #: Per-chunk working-set bound of :func:`maxsim_scores` (per worker thread: the chunk's codes, their
 #: converted form, the similarity block). 4 MB per worker (two fill the 8 MB L3 of the bench CPU) was

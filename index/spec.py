@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from embedpool.errors import ConflictError, InvalidError
+from embedpool.precisions import STORAGE_PRECISIONS
 from .lexical import DEFAULT as DEFAULT_ANALYZER
 from .lexical import NONE as NO_ANALYZER
 from .lexical import canonical_analyzer
-from .maxsim import STORAGE_PRECISIONS
 
 #: Version of the on-disk layout written by this code. Opening a newer one is refused. Version 2
 #: added the companion rows a collection manages (``companion_pooler``); version 3 indexes every

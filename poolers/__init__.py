@@ -6,13 +6,13 @@ from embedpool.poolers import (  # noqa: F401  (register)
 )
 from embedpool.poolers.base import Pooler, REGISTRY, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
-from embedpool.poolers.quantization import OUTPUT_PRECISIONS, quantize_output, unit_ranges
+from embedpool.poolers.quantization import quantize_output, unit_ranges
 from embedpool.poolers.pipeline import EmbedOptions, Embedder, EmbedResult, Tokenized, Workload
 from embedpool.poolers.states import TokenStates
 
 __all__ = [
     "DEFAULT_MODEL", "REGISTRY", "EmbedOptions", "Embedder", "EmbedResult", "FrozenEncoder", "Plan", "Pooler",
     "TokenStates", "build_pooler", "parse_spec",
-    "TRUNCATION_DIRECTIONS", "Tokenized", "Window", "Workload", "OUTPUT_PRECISIONS", "quantize_output",
+    "TRUNCATION_DIRECTIONS", "Tokenized", "Window", "Workload", "quantize_output",
     "unit_ranges",
 ]

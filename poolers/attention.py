@@ -86,21 +86,22 @@ class HeadModule(nn.Module, Configurable):
         if not has_head(folder):
             raise NotFoundError(
                 f"attention weights not found: expected {folder / WEIGHTS_FILE} and {folder / CONFIG_FILE} "
-                "(written by `embedpool train-pooler --out DIR`)"
-            )
+                "(written by `embedpool train-pooler --out DIR`)", param="pooler")
         config = cls.load_config(folder)
         kind = config.pop("kind", "attention")
         roles = config.pop("roles", "shared")
         if roles not in ("shared", "separate"):
-            raise InvalidError(f"attention head {folder}: roles must be shared or separate, got {roles!r}")
+            raise InvalidError(f"attention head {folder}: roles must be shared or separate, got {roles!r}",
+                               param="pooler")
         if (kind, roles) not in HEADS:
-            raise InvalidError(f"head {folder}: unknown kind {kind!r}; one of {', '.join(sorted({k for k, _ in HEADS}))}")
+            raise InvalidError(f"head {folder}: unknown kind {kind!r}; one of {', '.join(sorted({k for k, _ in HEADS}))}",
+                               param="pooler")
         made = HEADS[(kind, roles)]
         args = {k: config.pop(k) for k in made.config_keys if k in config and k not in ("kind", "roles")}
         try:
             head = made(**args, meta=config)
         except TypeError as e:  # e.g. no "dim"
-            raise InvalidError(f"attention head {folder}: {CONFIG_FILE} is incomplete ({e})") from None
+            raise InvalidError(f"attention head {folder}: {CONFIG_FILE} is incomplete ({e})", param="pooler") from None
         head.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
         return head.eval()
 
@@ -272,7 +273,7 @@ class AttentionPooler(Pooler):
         trained_on = self.head_config.get("encoder")
         if trained_on and model_id and trained_on != model_id:
             raise InvalidError(f"{self.name} head {self.weights} was trained on encoder {trained_on!r}, "
-                               f"but this encoder is {model_id!r}; train a head for it")
+                               f"but this encoder is {model_id!r}; train a head for it", param="pooler")
 
     def save(self, path: str | Path) -> Path:
         """``config.json``, and the trained head beside it (``weights`` then names this folder)."""

@@ -365,7 +365,7 @@ class LayersOption:
         try:
             layer_indices(self.layers, None)
         except InvalidError as e:
-            raise InvalidError(f"pooler {self.name!r}: {e}") from None
+            raise InvalidError(f"pooler {self.name!r}: {e}", param="pooler") from None
 
 
 class WeightedMeanPooler(Pooler):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from embedpool.errors import InvalidError
-from embedpool.poolers.precision import PRECISIONS  # auto, fp32, bf16, ...: see poolers/precision.py
+from embedpool.precisions import ENCODER_PRECISIONS  # auto, fp32, bf16, ...
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
@@ -242,8 +242,8 @@ class FrozenEncoder:
         calibration: Sequence[str] | None = None,
         truncate_dim: int | None = None,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}",
+        if precision not in ENCODER_PRECISIONS:
+            raise InvalidError(f"precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {precision!r}",
                                param="precision")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -345,11 +345,11 @@ class FrozenEncoder:
         if self.causal and pooler.name == "cls" and self.pooling_modes != ("cls",):
             raise InvalidError("pooler 'cls' reads the first token, which a decoder-only model's causal attention "
                                "shows nothing after it; use auto (the model's own pooling, e.g. lasttoken), "
-                               "pooling:mode=lasttoken or mean")
+                               "pooling:mode=lasttoken or mean", param="pooler")
         if self.multi_vector and pooler.needs_layers:
             raise InvalidError(f"pooler {pooler.name!r} reads the transformer's hidden layers, but a ColBERT "
                                "model's vectors are its token projection of the last one: use tokens, cluster "
-                               "or a single-vector pooler")
+                               "or a single-vector pooler", param="pooler")
 
     def _landmark_separator(self) -> int:
         """The landmark token (the model's separator), or an error saying why there is none."""
@@ -358,7 +358,8 @@ class FrozenEncoder:
             why = ("a decoder-only model's causal attention lets a landmark see only the tokens before it"
                    if self.causal else "the model's tokenizer closes a text with no separator token")
             raise InvalidError(f"landmark pooling needs a bidirectional encoder with a separator token "
-                               f"([SEP], </s>): {why}; use mean, the model's own pooling (auto) or tokens")
+                               f"([SEP], </s>): {why}; use mean, the model's own pooling (auto) or tokens",
+                               param="pooler")
         return sep
 
     # ------------------------------------------------------------------ tokenization

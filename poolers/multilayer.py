@@ -62,7 +62,7 @@ class MultiLayerHead(AttentionHead):
         k, b, t, d = hidden.shape
         if k != self.layers:
             raise InvalidError(f"multilayer head mixes {self.layers} hidden layers, but this encoder gives {k}; "
-                               "train a head for it")
+                               "train a head for it", param="pooler")
         last = self.attend(hidden[-1], mask)  # [B,Q,D]: attention's (= mean's, untrained) computation
         if k == 1:
             return self.project(last)

@@ -1,5 +1,5 @@
-"""Encoder precisions ("paths"), the CPU features they depend on, and ``auto``: the fastest path
-that meets the quality bar on the CPU the encoder runs on.
+"""Encoder precisions ("paths", named in :mod:`embedpool.precisions`), the CPU features they
+depend on, and ``auto``: the fastest path that meets the quality bar on the CPU the encoder runs on.
 
 The quality bar (measured by ``bench/encode.py`` and ``bench/eval.py --precision``): min cosine to
 fp32 ≥ 0.995 on the encode benchmark's texts and SciFact test nDCG@10 within 0.3 points of fp32.
@@ -14,20 +14,7 @@ from collections.abc import Iterable
 
 from embedpool.cpu import CpuFeatures, cpu_features
 from embedpool.errors import InvalidError
-
-# name -> (library, what it is). Every name is selectable; ``auto`` picks one of them.
-PATHS: dict[str, tuple[str, str]] = {
-    "fp32": ("torch", "transformers forward in float32 (SDPA attention)"),
-    "bf16": ("torch", "bf16 CPU autocast (matmuls in bf16, LayerNorm/softmax in fp32)"),
-    "bf16-weights": ("torch", "a bf16 copy of the model (everything in bf16)"),
-    "openvino-fp32": ("openvino", "OpenVINO CPU plugin, f32 inference precision"),
-    "openvino-bf16": ("openvino", "OpenVINO CPU plugin, bf16 inference precision (AMX / AVX-512-BF16)"),
-    "openvino-int8": ("openvino", "NNCF post-training static int8 (transformer preset, SmoothQuant; FFN down "
-                      "projections in float) on OpenVINO"),
-    "openvino-int8-weights": ("openvino", "NNCF int8 weights, activations quantized per group of 32 at run time"),
-}
-PRECISIONS = ("auto", *PATHS, "int8")
-ALIASES = {"int8": "openvino-int8"}  # the library int8 path replaced the hand-written graph
+from embedpool.precisions import ENCODER_ALIASES, ENCODER_PATHS, ENCODER_PRECISIONS
 
 
 def library_available(library: str) -> bool:
@@ -72,21 +59,21 @@ def choose(features: CpuFeatures, available: Iterable[str] | None = None) -> tup
     libs = set(available) if available is not None else {"torch", "openvino"}
     libs.add("torch")
     for path, why in _DECISIONS[features.isa]:
-        if PATHS[path][0] in libs:
+        if ENCODER_PATHS[path][0] in libs:
             return path, f"{why} [{features.summary()}]"
     return "fp32", f"fallback [{features.summary()}]"  # pragma: no cover - torch is always there
 
 
 def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, str]:
     """The concrete path for a requested precision, with the reason it was chosen."""
-    if precision not in PRECISIONS:
-        raise InvalidError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}", param="precision")
+    if precision not in ENCODER_PRECISIONS:
+        raise InvalidError(f"precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {precision!r}", param="precision")
     if precision == "auto":
         feats = features or cpu_features()
         libs = [lib for lib in ("openvino",) if library_available(lib)]
         return choose(feats, libs)
-    if precision in ALIASES:
-        return ALIASES[precision], f"{precision} is {ALIASES[precision]}"
+    if precision in ENCODER_ALIASES:
+        return ENCODER_ALIASES[precision], f"{precision} is {ENCODER_ALIASES[precision]}"
     return precision, "asked for by name"
 
 
@@ -96,8 +83,8 @@ def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration
     model itself."""
     from embedpool.poolers import runtimes
 
-    if path not in PATHS:
-        raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(PATHS)}", param="precision")
+    if path not in ENCODER_PATHS:
+        raise InvalidError(f"unknown precision path {path!r}; use one of {', '.join(ENCODER_PATHS)}", param="precision")
     if path in ("fp32", "bf16"):
         return model
     if path == "bf16-weights":

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-OUTPUT_PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+from embedpool.precisions import OUTPUT_PRECISIONS
 
 #: numpy dtype of each precision's codes (what base64 carries)
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "int8": np.dtype("i1"),

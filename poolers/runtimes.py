@@ -326,7 +326,8 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
     """OpenVINO path ``mode`` (fp32/bf16 share one converted graph; int8 is NNCF post-training
     quantization calibrated on ``calibration`` or :data:`CALIBRATION_TEXTS`)."""
     if mode not in OPENVINO_MODES:
-        raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}")
+        raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}",
+                           param="precision")
     texts = list(calibration or CALIBRATION_TEXTS)
     extra, graph = "all-layers", "openvino"  # fp32 and bf16 share the float graph; every layer an output
     if mode.startswith("int8"):

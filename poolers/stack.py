@@ -174,7 +174,7 @@ class ModelStack:
         except OSError as exc:  # not a folder and not in the local cache
             raise NotFoundError(
                 f"model {path!r} is neither a local folder nor in the local Hugging Face cache; "
-                "nothing is downloaded at run time") from exc
+                "nothing is downloaded at run time", param="model") from exc
         model.eval()
         modules = list(model)
         stack = cls(model, multi, modules[0], truncate_dim=model.truncate_dim)
@@ -192,7 +192,7 @@ class ModelStack:
         if between:
             raise InvalidError(f"model {path!r} has token-level modules between its transformer and Pooling "
                                f"({', '.join(between)}); embedpool runs the transformer's token states through "
-                               "the Pooling and the modules after it only")
+                               "the Pooling and the modules after it only", param="model")
         stack.pooling, stack.post = modules[pool_at], modules[pool_at + 1:]
         if stack.post and type(stack.post[-1]).__name__ == "Normalize":
             # a final Normalize is the request's `normalize` (default true, as TEI's): with

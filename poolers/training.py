@@ -535,11 +535,12 @@ class _Training:
     def __init__(self, data: PairData, dim: int, cfg: TrainConfig, progress: Callable[[dict], None] | None,
                  dev: PairData | None, guard: Guard | None) -> None:
         if cfg.select not in ("metric", "loss"):
-            raise InvalidError(f"select must be metric or loss, got {cfg.select!r}")
+            raise InvalidError(f"select must be metric or loss, got {cfg.select!r}", param="--select")
         if cfg.roles not in ("shared", "separate"):
-            raise InvalidError(f"roles must be shared or separate, got {cfg.roles!r}")
+            raise InvalidError(f"roles must be shared or separate, got {cfg.roles!r}", param="--roles")
         if cfg.roles == "separate" and cfg.objective == "cosent":
-            raise InvalidError("separate query/document heads need query/document pairs; STS pairs are symmetric")
+            raise InvalidError("separate query/document heads need query/document pairs; STS pairs are symmetric",
+                               param="--roles")
         if guard is not None and guard.objective not in ("infonce", "cosent"):
             raise InvalidError(f"guard objective must be infonce or cosent, got {guard.objective!r}")
         torch.manual_seed(cfg.seed)

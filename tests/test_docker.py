@@ -293,7 +293,7 @@ def test_readme_ray_job_command_runs_against_the_compose_cluster():
     argv = shlex.split(m.group(1).replace("\\\n", " "))[1:]
     args = build_parser().parse_args(argv)
     head = _compose()["services"]["ray-head"]
-    assert args.engine == "ray" and args.ray_address == f"ray-head:{_flag(head['command'], 'port')}"
+    assert args.runner == "ray" and args.ray_address == f"ray-head:{_flag(head['command'], 'port')}"
     assert args.corpus.startswith("/corpus/")
     assert (args.data_dir or _env(_final_stage())["EMBEDPOOL_DATA_DIR"]) in {d for _, d in _mounts(head)}
     assert args.workers >= 1

@@ -22,7 +22,7 @@ def _cli_without(module: str, *args: str) -> tuple[subprocess.CompletedProcess, 
 
 
 @pytest.mark.parametrize("module, extra, args", [
-    ("ray", "ray", ["index", "{corpus}", "--collection", "x", "--engine", "ray"]),
+    ("ray", "ray", ["index", "{corpus}", "--collection", "x", "--runner", "ray"]),
     ("pymilvus", "milvus", ["index", "{corpus}", "--collection", "x", "--backend", "milvus",
                             "--milvus-uri", "{dir}/m.db"]),
 ])

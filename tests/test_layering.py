@@ -1,9 +1,9 @@
 """The layering of DESIGN.md, checked on the import statements of every module.
 
 ``poolers/`` never imports ``index/`` or ``app/``; ``index/`` never imports ``poolers/`` or
-``app/``; ``embedpool/`` (what all three share: the error taxonomy, the CPU's features) imports
-none of them; and no package (nor a benchmark) imports another package's private names
-(``_util``, ``_pool_all``, ...).
+``app/``; ``embedpool/`` (what all three share: the error taxonomy, the CPU's features, the
+precisions' names) imports none of them; and no package (nor a benchmark) imports another
+package's private names (``_util``, ``_pool_all``, ...).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:
     Work is sized in tokens and bytes; the record counts are upper bounds (see
     :class:`app.indexing.IndexJob`)."""
     from embedpool.app.indexing import BATCH_TOKENS, COMMIT_BYTES
-    from embedpool.index import STORAGE_PRECISIONS
+    from embedpool.precisions import STORAGE_PRECISIONS
 
     p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
                    help=f"tokens per embedding call, all windows counted (default {BATCH_TOKENS:,}); "
@@ -66,15 +66,15 @@ def job_options(args: argparse.Namespace) -> dict:
 
 def command(sub, name: str, run, *, help: str, description: str, storage: bool = False,
             storage_reads: bool = True, several_models: bool = False) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name`` running ``run(args)``, with the engine flags (and, with
+    """The parser of subcommand ``name`` running ``run(args)``, with the model flags (and, with
     ``storage``, the storage flags) of :mod:`app.settings` in their own help sections;
     ``storage_reads``: it reads collections to answer (the read-consistency flag);
     ``several_models``: ``--model`` may be repeated."""
-    from embedpool.app.settings import add_engine_args, add_storage_args
+    from embedpool.app.settings import add_model_args, add_storage_args
 
     p = sub.add_parser(name, help=help, description=description)
     p.set_defaults(func=run)
-    add_engine_args(p.add_argument_group("engine"), several_models=several_models)
+    add_model_args(p.add_argument_group("model"), several_models=several_models)
     if storage:
         add_storage_args(p.add_argument_group("storage"), reads=storage_reads)
     return p

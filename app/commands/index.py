@@ -42,29 +42,42 @@ def register(sub) -> None:
     p.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     p.add_argument("--no-text", action="store_true", help="do not keep document texts in the collection")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    eng = p.add_argument_group("engine of the job")
-    eng.add_argument("--engine", choices=["in-process", "ray"], default="in-process",
-                     help="where embedding runs: this process (default), or Ray Data workers (a local Ray "
-                          "on this machine's cores, or the cluster at --ray-address)")
-    eng.add_argument("--ray-address", metavar="ADDRESS",
-                     help="join this Ray cluster (host:6379, or ray://host:10001) instead of starting a local Ray")
-    eng.add_argument("--workers", type=int, metavar="N",
-                     help="--engine ray: embedding actors, one encoder each (default 1)")
-    eng.add_argument("--worker-threads", type=int, metavar="N",
-                     help="--engine ray: torch threads (and Ray CPUs) per worker (default: the cluster's "
-                          "CPUs shared out, at most one node's)")
+    run_on = p.add_argument_group("runner of the job")
+    run_on.add_argument("--runner", choices=RUNNERS, default="in-process",
+                        help="where embedding runs: this process (default), or Ray Data workers (a local Ray "
+                             "on this machine's cores, or the cluster at --ray-address)")
+    run_on.add_argument("--engine", dest="runner", choices=RUNNERS, default=argparse.SUPPRESS, action=_Deprecated,
+                        help="deprecated: the older name of --runner (still works)")
+    run_on.add_argument("--ray-address", metavar="ADDRESS",
+                        help="join this Ray cluster (host:6379, or ray://host:10001) instead of starting a local Ray")
+    run_on.add_argument("--workers", type=int, metavar="N",
+                        help="--runner ray: embedding actors, one encoder each (default 1)")
+    run_on.add_argument("--worker-threads", type=int, metavar="N",
+                        help="--runner ray: torch threads (and Ray CPUs) per worker (default: the cluster's "
+                             "CPUs shared out, at most one node's)")
+
+
+RUNNERS = ["in-process", "ray"]
+
+
+class _Deprecated(argparse.Action):
+    """An older flag name that still sets its new one, saying so on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"embedpool index: {option_string} is deprecated, use --runner", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def run(args: argparse.Namespace) -> int:
     from embedpool.app.datasets import CorpusSource
     from embedpool.app.indexing import IndexJob, format_summary
 
-    if args.engine != "ray" and (args.ray_address or args.workers or args.worker_threads):
+    if args.runner != "ray" and (args.ray_address or args.workers or args.worker_threads):
         from embedpool.errors import InvalidError
 
-        raise InvalidError("--ray-address, --workers and --worker-threads apply to --engine ray only", param="--engine")
-    if args.engine == "ray":  # before the model loads
-        import_extra("ray", "ray", "--engine ray")
+        raise InvalidError("--ray-address, --workers and --worker-threads apply to --runner ray only", param="--runner")
+    if args.runner == "ray":  # before the model loads
+        import_extra("ray", "ray", "--runner ray")
     settings = from_args(args)
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)
@@ -75,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                    dimensions=args.dimensions, normalize=not args.no_normalize, store_text=not args.no_text,
                    **job_options(args), **settings.store())
     with job:
-        if args.engine == "ray":
+        if args.runner == "ray":
             from embedpool.app.rayjob import run_on_ray
 
             # Ray prints its cluster's console messages (e.g. raylet warnings) to this process's

@@ -66,7 +66,8 @@ def _require_documents(coll, name: str) -> None:
 
         raise NotFoundError(f"collection {name!r} has no documents to search (created "
                             f"{coll.manifest.get('created', '?')}); index documents into it first "
-                            "(embedpool index CORPUS --collection ...), or check that the indexing run succeeded")
+                            "(embedpool index CORPUS --collection ...), or check that the indexing run succeeded",
+                            param="--collection")
 
 
 def _model_of(coll, args: argparse.Namespace) -> str:

@@ -5,7 +5,8 @@ The status and the ``type`` string come from the kind of the error, through the 
 unknown route (404), a known route with the wrong method (405), a client that closed the
 connection before its answer was ready (499), and FastAPI's own request validation (422).
 
-Every error response has the body ``{"error": message, "type": type}``; routes under ``/v1/``
+Every error response has the body ``{"error": message, "type": type}``, with ``"param"``: the
+request field at fault, where the error names one (the ``param`` it was raised with); routes under ``/v1/``
 (the OpenAI-compatible API) answer OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` instead, with the same status code. Routes under ``/tei`` (the TEI-compatible surface,
 :mod:`app.server.routers.tei`) answer TEI's ``{"error": message, "error_type": type}`` (and, on
@@ -270,7 +271,7 @@ def render(path: str, exc: BaseException | Reply) -> JSONResponse:
         status, kind = tei(err)
         body = {"message": err.message, "code": status, "type": kind}
     else:
-        body = {"error": err.message, "type": err.type}
+        body = {"error": err.message, "type": err.type, **({"param": err.param} if err.param else {})}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from embedpool.index import ALL_MODES, FUSIONS, LANGUAGES, SEARCH_MODES
+from embedpool.precisions import OUTPUT_PRECISIONS, STORAGE_PRECISIONS
 
 
 def _unicode(value: str) -> str:
@@ -70,7 +71,7 @@ def _at_least_one(v: str | list[str]) -> str | list[str]:
 
 #: a text or a non-empty list of texts
 TextOrTexts = Annotated[Text | list[Text], AfterValidator(_at_least_one)]
-OutputPrecision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
+OutputPrecision = Literal[OUTPUT_PRECISIONS]  # type: ignore[valid-type]
 TruncationDirection = Literal["right", "left"]
 PRECISION_DOC = ("output precision, with the semantics of sentence-transformers' `quantize_embeddings`: "
                  "`float32`, `float16`, `int8` / `uint8` (per-dimension ranges, see `ranges`), `binary` / "
@@ -462,7 +463,8 @@ class CollectionCreate(Strict):
     factory: StrictStr = Field("IDMap2,Flat", max_length=256, description="single: FAISS index factory string")
     metric: Literal["ip", "l2"] = "ip"
     normalized: StrictBool = True
-    precision: Literal["float32", "float16", "int8"] = Field("float32", description="multi: token vector storage")
+    precision: Literal[STORAGE_PRECISIONS] = Field(  # type: ignore[valid-type]
+        "float32", description="multi: token vector storage")
     token_factory: StrictStr = Field("HNSW32", max_length=256, description="multi: FAISS factory of the token ANN index")
     companion_pooler: PoolerSpec | None = Field(
         None, validation_alias=AliasChoices("companion_pooler", "companion"),

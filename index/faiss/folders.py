@@ -38,7 +38,8 @@ def collection_manifest(data_dir: str | os.PathLike, name: str) -> dict[str, Any
         have = list_collections(data_dir)
         raise NotFoundError(
             f"no collection {name!r}"
-            + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
+            + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"),
+            param="name")
     return read_manifest(folder)
 
 
@@ -48,7 +49,7 @@ def delete_collection(data_dir: str | os.PathLike, name: str) -> None:
     data_dir = Path(data_dir)
     folder = data_dir / name
     if not folder.is_dir():
-        raise NotFoundError(f"no collection {name!r}")
+        raise NotFoundError(f"no collection {name!r}", param="name")
     if not (folder / MANIFEST).is_file():
         raise ConflictError(f"{name!r} in the data directory is not an embedpool collection (no {MANIFEST}); "
                             "not deleting it")

@@ -629,11 +629,11 @@ class MultiStore(VectorStore):
                 raise InvalidError(
                     f"token index {self.spec.token_factory!r} needs at least {need} token vectors to "
                     f"train; the collection has {len(sample)}. Use mode='exhaustive' or a token_factory "
-                    "without training ('HNSW32')")
+                    "without training ('HNSW32')", param="token_factory")
             try:
                 idx.train(sample)
             except RuntimeError as e:
-                raise InvalidError(f"training token index failed: {_first_line(e)}") from None
+                raise InvalidError(f"training token index failed: {_first_line(e)}", param="token_factory") from None
         self.token_index = idx
         self.token_segments = set()
         for seg in self.segments:

@@ -198,7 +198,8 @@ class SingleStore(VectorStore):
             try:
                 self.index.train(x)
             except RuntimeError as e:
-                raise InvalidError(f"training {self.spec.factory!r} failed: {_first_line(e)}") from None
+                raise InvalidError(f"training {self.spec.factory!r} failed: {_first_line(e)}",
+                                   param="factory") from None
         ids = np.asarray(int_ids, dtype=np.int64)
         if self.appendable and not self.full_write:  # kept for the next commit's delta
             rows = self.index.sa_encode(x) if self.ivf_codes else np.array(x, np.float32)

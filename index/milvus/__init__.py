@@ -95,7 +95,7 @@ def _drop(conn: Connection, name: str) -> None:
     with ClientPool.write_lock(conn, mname), conn.errors(f"dropping collection {name!r}"):
         client = conn.client()
         if not client.has_collection(mname):
-            raise NotFoundError(f"no collection {name!r} in Milvus")
+            raise NotFoundError(f"no collection {name!r} in Milvus", param="name")
         props = client.describe_collection(mname).get("properties") or {}
         if MANIFEST_KEY not in props and OWNER_KEY not in props:  # a half-made one may go
             raise ConflictError(

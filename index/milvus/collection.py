@@ -90,7 +90,8 @@ _READS = frozenset({"search", "query", "query_iterator", "get", "hybrid_search"}
 
 def check_consistency(level: str | None) -> None:
     if level is not None and level not in READ_CONSISTENCY:
-        raise InvalidError(f"unknown Milvus read consistency {level!r}; use one of {', '.join(READ_CONSISTENCY)}")
+        raise InvalidError(f"unknown Milvus read consistency {level!r}; use one of {', '.join(READ_CONSISTENCY)}",
+                           param="milvus_consistency")
 
 
 class MilvusCollection(CollectionBase):

@@ -61,7 +61,8 @@ def describe(conn: Connection, name: str) -> tuple[dict[str, Any], dict[str, Any
             have = sorted(n for n in map(embedpool_name, client.list_collections()) if n)
             raise NotFoundError(
                 f"no collection {name!r} in Milvus"
-                + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"))
+                + (f" (the collections: {', '.join(have)})" if have else " (there are no collections yet)"),
+                param="name")
         desc = client.describe_collection(mname)
     props = desc.get("properties") or {}
     if MANIFEST_KEY not in props:
@@ -69,7 +70,7 @@ def describe(conn: Connection, name: str) -> tuple[dict[str, Any], dict[str, Any
             raise NotFoundError(
                 f"no collection {name!r} in Milvus at {conn.uri}: its creation is under way or stopped "
                 f"half-way ({_owner_text(props[OWNER_KEY])}); creating it again (embedpool index, POST "
-                "/collections) repairs it")
+                "/collections) repairs it", param="name")
         raise ConflictError(
             f"Milvus collection {mname!r} at {conn.uri} has no embedpool manifest; it was not "
             "created by embedpool")

@@ -25,6 +25,24 @@ def test_collection_names():
     assert collection_name("sf", "attention:weights=/tmp/x y", several=True) == "sf-attention-weights-tmp-x-y"
 
 
+def test_engine_is_the_deprecated_name_of_runner(capsys):
+    """``--runner`` chooses where the job embeds; ``--engine``, its older name, still sets it, and
+    says it is deprecated in ``--help`` and when used."""
+    from embedpool.app.cli import build_parser
+
+    parser = build_parser()
+    argv = ["index", "c.jsonl", "--collection", "x"]
+    assert parser.parse_args(argv).runner == "in-process"
+    assert parser.parse_args([*argv, "--runner", "ray"]).runner == "ray"
+    assert capsys.readouterr().err == ""
+    assert parser.parse_args([*argv, "--engine", "ray"]).runner == "ray"
+    assert "--engine is deprecated, use --runner" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["index", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "--runner {in-process,ray}" in usage and "deprecated: the older name of --runner" in usage
+
+
 # ------------------------------------------------------------------ helpers
 def _corpus(path: Path, data_dir: Path, n: int, chars: int = 400) -> list[Record]:
     """The first ``n`` SciFact documents, cut to ``chars`` characters (fast to encode)."""

@@ -1,4 +1,4 @@
-"""``embedpool index --engine ray``: the index job on a real local Ray (started here, 2 CPUs, a
+"""``embedpool index --runner ray``: the index job on a real local Ray (started here, 2 CPUs, a
 small object store): the same collections as the in-process job, resumable after SIGKILL of the
 driver, and a bad record fails the job by name with nothing after the last commit written.
 The SIGKILL and Milvus worker-write cases take minutes: they run in `make test-slow`."""
@@ -17,7 +17,7 @@ from embedpool.errors import InvalidError
 from embedpool.index import FaissCollection, open_collection
 from job_testutil import assert_same_collections, job_state, kill_mid_run, resume_in_process
 
-import ray  # a dependency (--engine ray): if it is missing these tests must fail, not vanish
+import ray  # a dependency (--runner ray): if it is missing these tests must fail, not vanish
 
 POOLERS = ["mean", "cluster:pool_factor=2"]  # a single-vector and a multi-vector pooler
 NAMES = ["sf-mean", "sf-cluster-pool_factor-2"]
@@ -114,7 +114,7 @@ def test_sigkill_of_the_driver_then_rerun_equals_uninterrupted(ray_address, embe
     out = tmp_path / "killed"
     args = ["index", src.path, "--data-dir", str(out), "--collection", "sf",
             *sum((["--pooler", p] for p in POOLERS), []), "--commit-every", str(COMMIT),
-            "--batch-docs", str(BATCH), "--no-progress", "--engine", "ray", "--ray-address", ray_address,
+            "--batch-docs", str(BATCH), "--no-progress", "--runner", "ray", "--ray-address", ray_address,
             "--workers", "2", "--worker-threads", "1", "--precision", "fp32"]  # the rerun uses the fp32 embedder
     kill_mid_run(args, out / "sf-mean", at_least=2 * COMMIT, settle=0.5, timeout=300)
     states = {name: job_state(out / name)["committed_records"] for name in NAMES}
@@ -171,7 +171,7 @@ def test_milvus_server_workers_write_their_own_rows(ray_address, embedder, refer
     src, ref = reference
     where = {"backend": "milvus", "milvus_uri": milvus_lite_server.uri}
     summary = _ray_run(embedder, tmp_path, src, workers=2, **where)
-    assert summary["engine"]["writes"] == "workers"
+    assert summary["runner"]["writes"] == "workers"
     assert summary["records"] == summary["indexed_this_run"] == N_DOCS
     assert_same_collections(ref, tmp_path, NAMES, N_DOCS, atol=1e-6, ordered=False, **where)
     last_id = list(src.records())[-1].id

@@ -96,12 +96,43 @@ def test_bad_input_table(server, client, errs_collection, case):
         assert err["type"] == kind and err["code"] in ("validation_error", "payload_too_large")
         message = err["message"]
     else:
-        assert set(payload) == {"error", "type"}, payload
+        assert set(payload) - {"param"} == {"error", "type"}, payload
         assert payload["type"] == kind
         message = payload["error"]
     for w in words:
         assert w.lower() in message.lower(), (w, message)
     server.alive()
+
+
+# (method, path, body, status, the parameter the error body names)
+PARAMS = [
+    ("POST", "/embed", {"inputs": ["ok", 3]}, 422, "inputs[1]"),
+    ("POST", "/embed", {"inputs": ["x"] * 10_000}, 413, "inputs"),
+    ("POST", "/embed", {"inputs": "x", "dimensions": 1000}, 422, "dimensions"),
+    ("POST", "/embed", {"inputs": "x", "pooler": "landmark:g=0"}, 422, "pooler"),
+    ("POST", "/embed", {"inputs": "x", "model": "nope"}, 404, "model"),
+    ("POST", "/collections/nope/search", {"query": "x"}, 404, "name"),
+    ("POST", "/collections/errs/search", {"query": "x", "filter": {"$foo": 1}}, 422, "filter"),
+    ("POST", "/collections", {"name": "bf", "factory": "NotAnIndex"}, 422, "factory"),
+    ("POST", "/v1/embeddings", {"input": "x", "pooler": "attention:weights=/etc"}, 422, "pooler"),
+    ("POST", "/v1/rerank", {"query": "q", "documents": ["a"] * 10_000}, 413, "documents"),
+]
+
+
+@pytest.mark.parametrize("case", PARAMS, ids=[f"{c[1]} {c[4]}" for c in PARAMS])
+def test_an_error_body_names_its_parameter(client, errs_collection, case):
+    """An error raised with the parameter it concerns names it in the JSON body: ``param`` on
+    embedpool's routes and in OpenAI's error object under ``/v1/``."""
+    method, path, body, status, param = case
+    r = client.request(method, path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"] if path.startswith("/v1/") else r.json()
+    assert err["param"] == param, err
+
+
+def test_an_error_without_a_parameter_has_no_param_key(client):
+    r = client.get("/nope")
+    assert r.status_code == 404 and set(r.json()) == {"error", "type"}
 
 
 def test_payload_limit_chunked_body(limited_server):

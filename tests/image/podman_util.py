@@ -133,7 +133,7 @@ class RayCluster:
 
     def index_command(self, *args: str) -> list[str]:
         """``embedpool index`` on the head, against the cluster (for ``podman exec``)."""
-        return ["exec", self.head, "embedpool", "index", *args, "--engine", "ray",
+        return ["exec", self.head, "embedpool", "index", *args, "--runner", "ray",
                 "--ray-address", f"{self.head}:6379"]
 
     def __exit__(self, *exc) -> None:

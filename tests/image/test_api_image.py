@@ -119,7 +119,7 @@ def test_image_holds_only_what_the_api_needs():
     assert out == ["[]", "[]", "[]"], out
     # an optional part asked for says which extra installs it (and is not a crash)
     r = podman("run", "--rm", API_IMAGE, "sh", "-c", "echo 'A document.' > /tmp/c.txt && "
-               "embedpool index /tmp/c.txt --collection x --engine ray", check=False)
+               "embedpool index /tmp/c.txt --collection x --runner ray", check=False)
     assert r.returncode == 69 and "pip install 'embedpool[ray]'" in r.stderr, (r.returncode, r.stderr[-2000:])
     assert size <= SIZE_LIMIT, f"{size / 1e9:.2f} GB > {SIZE_LIMIT / 1e9} GB"
 

@@ -1,4 +1,4 @@
-"""`embedpool index --engine ray` on a Ray cluster of containers: a head and two workers from the
+"""`embedpool index --runner ray` on a Ray cluster of containers: a head and two workers from the
 Ray image, each with its own address on a podman network. The job run on the head equals the
 in-process job of the same image (ids, vectors within 1e-6); with a worker container stopped in
 the middle it either finishes (Ray retries what was lost) or fails saying what was lost, and a

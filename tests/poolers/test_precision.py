@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from embedpool.cpu import CpuFeatures, cpu_features
-from embedpool.poolers.precision import ALIASES, PATHS, PRECISIONS, choose, library_available, resolve
+from embedpool.poolers.precision import choose, library_available, resolve
+from embedpool.precisions import ENCODER_ALIASES, ENCODER_PATHS, ENCODER_PRECISIONS
 
 AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2".split()
 AVX512 = AVX2 + "avx512f avx512dq avx512cd avx512bw avx512vl".split()
@@ -51,18 +52,36 @@ def test_torch_capability_alone_marks_avx2():
 
 def test_resolve_names_and_errors():
     assert resolve("fp32") == ("fp32", "asked for by name")
-    assert resolve("int8")[0] == ALIASES["int8"]
+    assert resolve("int8")[0] == ENCODER_ALIASES["int8"]
     path, reason = resolve("auto", CpuFeatures.of(AVX2, "AVX2"))
-    assert path in PATHS and "avx2" in reason
+    assert path in ENCODER_PATHS and "avx2" in reason
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve("fp8")
 
 
-def test_settings_accept_the_same_precisions():
-    from embedpool.app.settings import PRECISIONS as SETTINGS_PRECISIONS, Settings
+def test_each_precision_is_named_once_and_settings_read_it_without_torch():
+    """The encoder, storage and output precisions are three settings defined in one torch-free
+    module (embedpool/precisions.py): the settings, the CLI and the HTTP schemas accept exactly
+    those names, and reading the settings loads no torch."""
+    import subprocess
+    import sys
+    import typing
 
-    assert SETTINGS_PRECISIONS == PRECISIONS
+    from embedpool.app.server import schemas
+    from embedpool.app.settings import Settings
+    from embedpool.precisions import OUTPUT_PRECISIONS, STORAGE_PRECISIONS
+
+    assert ENCODER_PRECISIONS == ("auto", "fp32", "bf16", "bf16-weights", "openvino-fp32", "openvino-bf16",
+                                  "openvino-int8", "openvino-int8-weights", "int8")
+    assert STORAGE_PRECISIONS == ("float32", "float16", "int8")
+    assert OUTPUT_PRECISIONS == ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+    assert typing.get_args(Settings.model_fields["precision"].annotation) == ENCODER_PRECISIONS
     assert Settings().precision == "auto"
+    assert typing.get_args(schemas.OutputPrecision) == OUTPUT_PRECISIONS
+    assert typing.get_args(schemas.CollectionCreate.model_fields["precision"].annotation) == STORAGE_PRECISIONS
+    code = "import sys, embedpool.app.settings as s; s.Settings(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
 
 
 # ---------------------------------------------------------------------------- real paths
@@ -86,13 +105,13 @@ def _runnable(path: str) -> bool:
 
 
 # every path but fp32 (the reference) that this CPU runs, decided at collection: no silent skips
-RUNNABLE = [p for p in PATHS if p != "fp32" and _runnable(p)]
+RUNNABLE = [p for p in ENCODER_PATHS if p != "fp32" and _runnable(p)]
 
 
 def test_the_runnable_paths_are_every_library_path_and_bf16_where_the_cpu_has_it():
     bf16_hw = cpu_features().isa in ("amx", "avx512_bf16")
-    assert set(RUNNABLE) == {p for p in PATHS if p != "fp32" and ("bf16" not in p or bf16_hw)}
-    assert all(library_available(PATHS[p][0]) for p in RUNNABLE if PATHS[p][0] != "torch")
+    assert set(RUNNABLE) == {p for p in ENCODER_PATHS if p != "fp32" and ("bf16" not in p or bf16_hw)}
+    assert all(library_available(ENCODER_PATHS[p][0]) for p in RUNNABLE if ENCODER_PATHS[p][0] != "torch")
 
 
 # Paths auto never picks get a looser floor: they are measured, not recommended.

@@ -1,6 +1,6 @@
-"""The index job's engines side by side (issue 15): ``embedpool index`` over the SciFact corpus
-with ``mean`` + ``cluster:pool_factor=4``, in-process vs ``--engine ray`` with 1 and 2 workers, in
-one run (``bench/index.py --engines``).
+"""The index job's runners side by side (issue 15): ``embedpool index`` over the SciFact corpus
+with ``mean`` + ``cluster:pool_factor=4``, in-process vs ``--runner ray`` with 1 and 2 workers, in
+one run (``bench/index.py --runners``).
 
 Every side is the real command in a child process of its own (a fresh data dir, the same corpus,
 the same poolers, the same 2 cores): the in-process job on torch's default threads, Ray with 1
@@ -11,7 +11,7 @@ docs/s of the job (its own clock: from the first block asked for to the last com
 loading of the workers included for Ray, the driver's model load excluded on both sides), docs/s
 of the whole command (wall clock, process start to exit: Ray's start-up included), and peak RSS.
 
-    flock /tmp/embedpool-bench.lock .venv/bin/python bench/index.py --engines [--docs N]
+    flock /tmp/embedpool-bench.lock .venv/bin/python bench/index.py --runners [--docs N]
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 POOLERS = ("mean", "cluster:pool_factor=4")
 SIDES = (("in-process", []),
-         ("ray, 1 worker x 2 threads", ["--engine", "ray", "--workers", "1", "--worker-threads", "2"]),
-         ("ray, 2 workers x 1 thread", ["--engine", "ray", "--workers", "2", "--worker-threads", "1"]))
+         ("ray, 1 worker x 2 threads", ["--runner", "ray", "--workers", "1", "--worker-threads", "2"]),
+         ("ray, 2 workers x 1 thread", ["--runner", "ray", "--workers", "2", "--worker-threads", "1"]))
 
 
 def _hwm_mb(pid: int) -> float | None:
@@ -96,7 +96,7 @@ def _corpus(docs: int | None, tmp: Path, scifact: Path) -> Path:
     return path
 
 
-def bench_engines(scifact: Path, docs: int | None, commit_every: int = 1024) -> dict:
+def bench_runners(scifact: Path, docs: int | None, commit_every: int = 1024) -> dict:
     """Every side of :data:`SIDES` over the corpus (first ``docs`` documents), one after another."""
     res: dict = {"poolers": list(POOLERS), "docs_arg": docs, "sides": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,5 +141,5 @@ def markdown(res: dict) -> str:
              " / ".join(str(x) for x in r["worker_peak_rss_mb"]) or "-",
              f"{r['loadavg_1m_start']} / {r['loadavg_1m_end']}"]
             for label, r in res["sides"].items()]
-    return render_table(["engine", "docs", "docs/s (job)", "x in-process", "docs/s (wall)", "x in-process",
+    return render_table(["runner", "docs", "docs/s (job)", "x in-process", "docs/s (wall)", "x in-process",
                          "driver peak RSS MB", "worker peak RSS MB", "load start / end"], rows, markdown=True)
