@@ -68,13 +68,13 @@ embed: setup
 	$(BIN)/embedpool embed "A sample sentence to embed."
 
 test: setup browser pylate
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # minutes-long real-part checks (the long-document job's peak memory, Ray SIGKILL-resume and
 # Milvus worker writes, the contract and the faults against a real Milvus server); CI runs them
 # after `make test`
 test-slow: setup pylate milvus-server
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow --durations=15
 
 # The API image with podman on a machine with no registry (deploy/podman-image.sh prepares the
 # engine, a local base image and the torch wheel); with Docker and a registry: docker build .
