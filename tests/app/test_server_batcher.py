@@ -200,29 +200,31 @@ def test_a_lone_client_does_not_wait_for_a_round_to_fill():
 
 
 def test_a_round_waits_for_the_clients_of_the_previous_round_and_no_longer():
-    gate = threading.Event()
-    emb = FakeEmbedder(gate=gate)
-    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=2000).start()
+    """Four clients in one round come back 20-80 ms after it (one after another): the next round
+    waits for all four, and starts when the fourth arrives, not after max_wait_ms. The first
+    requests are queued before the worker starts, so the first round holds all four whatever the
+    threads' scheduling (on a loaded machine the worker could otherwise wake between them)."""
+    emb = FakeEmbedder()
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=2000)
     try:
         async def client(k: int) -> None:
             await b.embed([f"first {k}"], ["mean"])
-            await asyncio.sleep(0.02 * k)  # the clients come back one after another
+            await asyncio.sleep(0.02 * (k + 1))  # the clients come back one after another
             await b.embed([f"second {k}"], ["mean"])
 
         async def run() -> float:
             tasks = [asyncio.ensure_future(client(k)) for k in range(4)]
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # all four first requests queued
             t0 = time.monotonic()
-            gate.set()
+            b.start()
             await asyncio.gather(*tasks)
             return time.monotonic() - t0
 
         elapsed = asyncio.run(run())
     finally:
-        gate.set()
         b.stop()
     rounds = [sorted(c[0]) for c in emb.calls]
-    assert rounds[-1] == [f"second {k}" for k in range(4)]  # one round for the four that came back
+    assert rounds == [[f"first {k}" for k in range(4)], [f"second {k}" for k in range(4)]]
     assert elapsed < 1.5  # it started when the fourth arrived, not after max_wait_ms
 
 
