@@ -45,7 +45,8 @@ $(MILVUS_SERVER)/bin/milvus-server:
 
 milvus-server: $(MILVUS_SERVER)/bin/milvus-server
 
-$(STAMP): pyproject.toml Makefile
+# setup.py builds the one compiled part (index/_amxscan.c, the fused AMX MaxSim scan; optional)
+$(STAMP): pyproject.toml setup.py index/_amxscan.c Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# the CPU torch build first, so nothing later pulls a CUDA build

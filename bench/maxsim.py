@@ -21,7 +21,9 @@ per query of a 32-token query (and of 8 such queries batched in one call) for:
 Then exact top-10 MaxSim (issue 34), the path ``exhaustive`` search takes: today's (the auto
 kernel on every document, then the top 10) against :func:`index.int8scan.maxsim_topk` (an int8
 scan through oneDNN's int8 matmul with a proven error bound, then exact scores for the documents
-it cannot rule out), for a random query (every document near-tied: the scan's worst case) and a
+it cannot rule out; fused on AMX tiles where the CPU has them: :mod:`index.amxscan`), with the
+scan alone per engine and number of query codes, for a random query (every document near-tied:
+the scan's worst case) and a
 query made of noisy copies of one stored document's tokens (a query with an answer), with the
 number of documents scored exactly; the target is exact top-k in <= 3x the plain read.
 
@@ -46,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from embedpool.cpu import cpu_features
-from embedpool.index import int8scan, kernels
+from embedpool.index import amxscan, int8scan, kernels
 from embedpool.index.maxsim import dequantize, maxsim_scores, quantize
 from scale import machine
 
@@ -185,40 +187,52 @@ def answer_query(codes, scales, offs, rng, m: int) -> np.ndarray:
 
 
 def topk_on_real(docs: list[np.ndarray], queries: list[np.ndarray]) -> dict:
-    """maxsim_topk with the int8 scan forced, on real int8 MiniLM token vectors and real queries:
-    whether its top 10 equals exact MaxSim's, and how many documents it scored exactly."""
+    """maxsim_topk with the int8 scan forced (fused on AMX tiles where it runs), on real int8
+    MiniLM token vectors and real queries: whether its top 10 equals exact MaxSim's, and how many
+    documents it scored exactly."""
     offs = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
     codes, scales = quantize(np.concatenate(docs), "int8")
     exact = maxsim_scores(queries, codes, offs, scales)
+    forced = "amx" if amxscan.available() else "int8"
     same, first, rescored = 0, [], []
     for q, row_ in zip(queries, exact):
         st: dict = {}
-        (s, p), = int8scan.maxsim_topk([q], codes, offs, scales, TOPK, scan="int8", stats=st)
+        (s, p), = int8scan.maxsim_topk([q], codes, offs, scales, TOPK, scan=forced, stats=st)
         o = np.argsort(-row_, kind="stable")[:TOPK]
         same += bool(np.array_equal(p, o) and np.allclose(s, row_[o], rtol=1e-6, atol=1e-6))
         first.append(st["second_scan"][0])
         rescored.append(st["rescored"][0])
-    out = {"documents": len(docs), "queries": len(queries), "same_top10": same,
+    out = {"scan": forced, "documents": len(docs), "queries": len(queries), "same_top10": same,
            "first_scan_survivors_median": float(np.median(first)), "rescored_median": float(np.median(rescored)),
            "rescored_max": int(max(rescored))}
-    print(f"real SciFact tokens ({len(docs)} abstracts, {len(queries)} queries), int8 scan forced: top-{TOPK} equal "
+    print(f"real SciFact tokens ({len(docs)} abstracts, {len(queries)} queries), {forced} scan forced: top-{TOPK} equal "
           f"to exact MaxSim for {same}/{len(queries)}; documents scored exactly: median {out['rescored_median']:.0f}, "
           f"max {out['rescored_max']}", flush=True)
     return out
 
 
-def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarray, reps: int) -> None:
+def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarray, reps: int,
+              sweep: bool = False) -> None:
     """Exact top-10: today's (auto kernel on every document + top 10) against maxsim_topk's int8
     scan, on both queries; checks the two return the same documents and scores."""
     t = time.perf_counter()
     norms = int8scan.doc_norms(codes, offs, scales)
     norms_s = time.perf_counter() - t
-    scan, why = kernels.choose_scan("int8", cpu_features().flags, int8scan.int8_matmul_is_exact())
-    print(f"scan for int8 top-k: {scan} -- {why}; document norms (once per segment) in {norms_s:.2f} s", flush=True)
+    flags = cpu_features().flags
+    amx = amxscan.available(flags)
+    scan, why = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), amx)
+    print(f"scan for int8 top-k: {scan} -- {why}; document norms (once per segment) in {norms_s:.2f} s; "
+          f"fused AMX scan built: {amxscan.built()}, usable here: {amx}", flush=True)
     for label, q in (("random query", random_q), ("query with an answer", answer_q)):
         if label == "random query":
-            row("int8 scan alone: int8 products + bounds, 1 query code", "int8", "scan",
-                timed(lambda: int8scan.bound_scan([q], codes, offs, scales, norms), reps), query=label)
+            if int8scan.int8_matmul_is_exact():
+                row("int8 scan alone, library (oneDNN products, numpy maxima), 1 query code", "int8", "scan",
+                    timed(lambda: int8scan.bound_scan([q], codes, offs, scales, norms), reps), query=label,
+                    engine="torch", n_codes=1)
+            for n in (1, 2, 3) if amx else ():
+                row(f"int8 scan alone, fused on AMX tiles, {n} query code{'s' * (n > 1)}", "int8", "scan",
+                    timed(lambda: int8scan.bound_scan([q], codes, offs, scales, norms, n_codes=n, engine="amx"),
+                          reps), query=label, engine="amx", n_codes=n)
         today = timed(lambda: int8scan.maxsim_topk([q], codes, offs, scales, TOPK, scan="exact"), reps)
         (ts, tp), = int8scan.maxsim_topk([q], codes, offs, scales, TOPK, scan="exact")
         row(f"exact top-{TOPK}, today (auto kernel, every document), {label}", "int8", "topk-today", today)
@@ -236,6 +250,15 @@ def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarr
               flush=True)
         if not same:
             raise SystemExit(f"maxsim_topk differs from today's top-{TOPK} on the {label}")
+        for pair in ((1, 2), (1, 3), (2, 3), (3, 3)) if sweep and scan == "amx" else ():
+            if pair == int8scan.SCAN_CODES["amx"]:
+                continue
+            st: dict = {}
+            ms = timed(lambda: int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan="amx",
+                                                    codes=pair, stats=st), reps)
+            row(f"exact top-{TOPK}, amx scan with {pair[0]} then {pair[1]} query codes, {label}", "int8",
+                "topk-sweep", ms, query=label, codes=list(pair), first_scan_survivors=st["second_scan"][0],
+                rescored_exactly=st["rescored"][0])
 
 
 # ---------------------------------------------------------------------------- data
@@ -378,7 +401,8 @@ def run(args) -> dict:
                 row(f"kernel {k}", precision, "kernel", timed(lambda: maxsim_scores(one, c, offs, sc, kernel=k), reps),
                     kernel=k)
         if precision == "int8":
-            topk_rows(row, c, sc, offs, qs[0], answer_query(c, sc, offs, rng, args.query_tokens), reps)
+            topk_rows(row, c, sc, offs, qs[0], answer_query(c, sc, offs, rng, args.query_tokens), reps,
+                      args.codes_sweep)
         if not args.no_candidates:
             import torch
 
@@ -448,7 +472,7 @@ def table(res: dict) -> str:
     lines = ["| codes | case | ms / query | ÷ plain read | today's ÷ this |", "|---|---|---:|---:|---:|"]
     for r in res["rows"]:
         b = before.get((r["precision"], r["queries_per_call"]))
-        if r["kind"] in ("topk-new", "topk-today", "scan"):  # against today's exact top-k of the same query
+        if r["kind"] in ("topk-new", "topk-today", "scan", "topk-sweep"):  # against today's exact top-k of the same query
             b = next(x["ms_per_query"] for x in res["rows"] if x["kind"] == "topk-today"
                      and x["case"].endswith(r.get("query", "random query")))
         vs = "" if r["kind"] == "read" or b is None else f"{b / r['ms_per_query']:.2f}x"
@@ -487,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-float16", action="store_true", help="int8 codes only")
     ap.add_argument("--no-kernels", action="store_true",
                     help="skip the per-kernel rows (every kernel of index/kernels.py by name)")
+    ap.add_argument("--codes-sweep", action="store_true",
+                    help="exact top-10 with the AMX scan for other (first, second) query-code counts")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     res = run(args)

@@ -16,9 +16,11 @@ scale per token. Where the CPU has int8 dot-product units (AVX-512 VNNI, AVX-VNN
    reaches ``tau`` is scored by the exact kernel (:func:`maxsim_scores` on those documents only),
    and the top k of those are returned.
 
-Elsewhere (no int8 units, float codes, no torch, a library whose int8 products are not exact on
-this CPU) it scores every document with the exact kernel: the portable path. The choice is per
-CPU and injectable (``scan=``).
+On AMX CPUs (``scan="amx"``) step 1 runs fused on the tiles (:mod:`index.amxscan`: the products
+never leave the tiles, each document's maxima are taken as they are made), with the same integers
+and the same bound. Elsewhere (no int8 units, float codes, no torch, a library whose int8
+products are not exact on this CPU) it scores every document with the exact kernel: the portable
+path. The choice is per CPU and injectable (``scan=``).
 
 **The bound.** Notation: query tokens ``q_i`` (float32, ``i = 1..m``), stored document tokens
 ``d_j = s_j c_j`` (``c_j`` int8 codes, ``s_j > 0`` their float32 scale), dimension ``n``,
@@ -72,7 +74,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import kernels
+from . import amxscan, kernels
 from .maxsim import DEFAULT_CHUNK_BYTES, DocRows, _chunks, _stack_queries, maxsim_scores
 
 _U = 2.0 ** -24
@@ -80,6 +82,10 @@ _STEP = 254.0  # the residual's codes step 1/254 of the first ones (|code| <= 12
 #: a document set with fewer token rows than this is scored exactly without the scan (its
 #: fixed costs -- query codes, bounds, a second pass -- are larger than what it saves)
 MIN_SCAN_TOKENS = 16_384
+#: int8 codes per query component of the first scan and of the second (of the first one's
+#: survivors), per scan: the library path pays for every product in memory traffic, so it scans
+#: with one code first; the fused AMX scan's products stay in the tiles (bench/maxsim.py)
+SCAN_CODES = {"int8": (1, 2), "amx": (1, 2)}
 
 
 def _gamma(k: int) -> float:
@@ -192,7 +198,8 @@ def quantized_queries(q_all: np.ndarray, n_codes: int = 1) -> tuple[np.ndarray, 
 
 def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.ndarray,
                scales: np.ndarray, norms: np.ndarray, *, doc_idx: np.ndarray | None = None,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES, n_codes: int = 1) -> tuple[np.ndarray, np.ndarray]:
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES, n_codes: int = 1,
+               engine: str = "torch") -> tuple[np.ndarray, np.ndarray]:
     """The int8 scan: ``(P [q, n_docs] float32, B [q, n_docs] float64)`` -- every document's
     scan score and the bound on its distance from the exact score (module docstring).
 
@@ -201,8 +208,10 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
             (``vectors`` int8 codes, ``scales`` their float32 scales).
         norms: ``[n_docs]`` (or ``[len(doc_idx)]``) each document's largest token norm
             (:func:`doc_norms`).
-        n_codes: int8 codes per query component: 1, or 2 (the rounding residual's codes too:
-            twice the products, a bound 254x tighter).
+        n_codes: int8 codes per query component: 1, 2 (the rounding residual's codes too:
+            twice the products, a bound 254x tighter) or 3.
+        engine: ``torch`` (oneDNN int8 products per chunk, per-document maxima in numpy) or
+            ``amx`` (:mod:`index.amxscan`: both fused on AMX tiles; the same values).
     """
     rows = DocRows(offsets, doc_idx)
     n_docs = len(rows)
@@ -217,8 +226,27 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
         return out, bound
     local = rows.local
     n_workers = kernels.workers()
-    per_token = dim + 8 * n_codes * m  # the codes, the int32 products, their float32 scaling
     per_worker = -(-int(local[-1]) // n_workers)
+    weights = (np.float32(1) / np.float32(_STEP) ** np.arange(n_codes)).astype(np.float32)
+
+    def reduce(doc_max: np.ndarray, x: int, y: int) -> None:  # [m, y - x] maxima -> the scores
+        doc_max *= a[:, None]
+        out[:, x:y] = np.add.reduceat(doc_max, q_starts, axis=0)
+
+    if engine == "amx":
+        packed = amxscan.pack_query(codes, n_codes)
+        ends = rows.starts + rows.lens
+
+        def scan_docs(span: tuple[int, int]) -> None:
+            x, y = span
+            reduce(amxscan.docmax(packed, n_codes, weights, m, vectors, scales,
+                                  rows.starts[x:y], ends[x:y]).T.copy(), x, y)
+
+        # the fused scan holds no chunk in memory: spans only share the work out (4 per worker)
+        kernels.run_parallel(scan_docs, _chunks(local, max(1, per_worker // 4)), n_workers)
+        return out, bound
+
+    per_token = dim + 8 * n_codes * m  # the codes, the int32 products, their float32 scaling
     spans = _chunks(local, max(1, min(chunk_bytes // per_token, per_worker)))
 
     def score_span(span: tuple[int, int]) -> None:
@@ -226,15 +254,17 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
         block, sc = rows.block(vectors, scales, x, y, "gather")
         prod = _int_mm(codes, np.ascontiguousarray(block))  # int32 [n_codes * m, T], exact
         sim = kernels.scratch("scan_sim", (m, len(block)), np.float32)
-        if n_codes == 2:  # k + k' / 254, in float32 (rounding within the bound's rho)
-            np.multiply(prod[m:], np.float32(1 / _STEP), out=sim, dtype=np.float32, casting="unsafe")
-            np.add(sim, prod[:m], out=sim, dtype=np.float32, casting="unsafe")
-            sim *= np.asarray(sc, np.float32)[None, :]
+        # k + k' / 254 (+ k'' / 254**2), in float32 (rounding within the bound's rho)
+        sc = np.asarray(sc, np.float32)[None, :]
+        if n_codes == 1:
+            np.multiply(prod, sc, out=sim, dtype=np.float32, casting="unsafe")
         else:
-            np.multiply(prod, np.asarray(sc, np.float32)[None, :], out=sim, dtype=np.float32, casting="unsafe")
-        doc_max = np.maximum.reduceat(sim, local[x:y] - local[x], axis=1)  # [m, y - x]
-        doc_max *= a[:, None]
-        out[:, x:y] = np.add.reduceat(doc_max, q_starts, axis=0)
+            np.multiply(prod[m:2 * m], weights[1], out=sim, dtype=np.float32, casting="unsafe")
+            for level in range(2, n_codes):
+                sim += prod[level * m:(level + 1) * m].astype(np.float32) * weights[level]
+            np.add(sim, prod[:m], out=sim, dtype=np.float32, casting="unsafe")
+            sim *= sc
+        reduce(np.maximum.reduceat(sim, local[x:y] - local[x], axis=1), x, y)  # [m, y - x]
 
     kernels.run_parallel(score_span, spans, n_workers)
     return out, bound
@@ -253,7 +283,8 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
                 scales: np.ndarray | None, k: int, *, doc_idx: np.ndarray | None = None,
                 live: np.ndarray | None = None, norms: np.ndarray | None = None,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, scan: str = "auto",
-                kernel: str = "auto", stats: dict | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+                kernel: str = "auto", stats: dict | None = None,
+                codes: tuple[int, int] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Exact MaxSim top ``k`` of every query: per query ``(scores float32 [k'], positions
     int64 [k'])``, best first, ties by position; positions index the documents (or ``doc_idx``);
     ``k' = min(k, documents scored)``.
@@ -265,11 +296,14 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
         norms: each document's largest token norm (:func:`doc_norms`, over all documents even
             with ``doc_idx``); computed from the rows scanned when not given.
         scan: ``auto`` (:func:`kernels.choose_scan` for this CPU), ``int8`` (the bound scan,
-            then exact scores of the documents it cannot rule out) or ``exact`` (the exact
-            kernel on every document: the portable path).
+            then exact scores of the documents it cannot rule out), ``amx`` (the same with the
+            scan fused on AMX tiles: :mod:`index.amxscan`) or ``exact`` (the exact kernel on
+            every document: the portable path).
         kernel: the exact kernel (:func:`maxsim_scores`' ``kernel``).
         stats: if given, filled with ``scan`` (the path taken) and ``rescored`` (documents
             scored exactly, per query).
+        codes: int8 codes per query component of the first scan and of the second one (of
+            the first one's survivors); default :data:`SCAN_CODES` of the scan.
     """
     offsets = np.asarray(offsets, np.int64)
     n_docs = len(offsets) - 1 if doc_idx is None else len(doc_idx)
@@ -310,15 +344,19 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
         tau = np.partition(lo, len(lo) - k)[len(lo) - k]  # the k-th largest lower bound
         return pos[ok[pos] & (p + b >= tau)]
 
-    p1, b1 = bound_scan(queries, vectors, offsets, scales, norms, doc_idx=doc_idx, chunk_bytes=chunk_bytes)
+    engine = "amx" if path == "amx" else "torch"
+    first, second = codes or SCAN_CODES[path]
+    p1, b1 = bound_scan(queries, vectors, offsets, scales, norms, doc_idx=doc_idx, chunk_bytes=chunk_bytes,
+                        n_codes=first, engine=engine)
     out, rescored, refined = [], [], []
     for qi, q in enumerate(queries):
         cand = survivors(p1[qi], b1[qi], all_pos)
         refined.append(int(len(cand)))
         if len(cand) > k and int(tok_lens[cand].sum()) >= MIN_SCAN_TOKENS:
-            # a second scan of the survivors with the residual's codes too: a 254x tighter bound
+            # a second scan of the survivors with more of the residual's codes: a bound 254x
+            # tighter per code
             p2, b2 = bound_scan([q], vectors, offsets, scales, norms[cand], doc_idx=rows[cand],
-                                chunk_bytes=chunk_bytes, n_codes=2)
+                                chunk_bytes=chunk_bytes, n_codes=second, engine=engine)
             cand = survivors(p2[0], b2[0], cand)
         s = maxsim_scores([q], vectors, offsets, scales, doc_idx=rows[cand], chunk_bytes=chunk_bytes,
                           kernel=kernel)[0]

@@ -29,10 +29,12 @@ EPYC Zen 1) and AVX-512 VNNI/BF16 without AMX (Xeon); the AMX decision follows t
 rates and is for ``bench/maxsim.py`` to confirm on such a machine (README "MaxSim kernels").
 
 Exact *top-k* MaxSim (what ``exhaustive`` search and large candidate reranks ask for) has a
-second choice, :func:`choose_scan`: ``int8`` -- the int8 scan of :mod:`index.int8scan`, whose
-proven error bound lets it score only the documents that could be in the top k exactly -- on
-CPUs with int8 dot-product units (AVX-512 VNNI, AVX-VNNI, AMX) where torch's int8 matmul is
-exact; ``exact`` (the kernel above on every document) elsewhere.
+second choice, :func:`choose_scan`: ``amx`` -- the int8 scan of :mod:`index.int8scan` fused on
+AMX tiles (:mod:`index.amxscan`) -- on AMX CPUs where the compiled module is built; ``int8`` --
+the same scan with torch's oneDNN int8 products, whose proven error bound lets it score only the
+documents that could be in the top k exactly -- on other CPUs with int8 dot-product units
+(AVX-512 VNNI, AVX-VNNI) where torch's int8 matmul is exact; ``exact`` (the kernel above on
+every document) elsewhere.
 
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
 decision by injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones
@@ -130,13 +132,16 @@ def resolve(kernel: str, precision: str) -> str:
 
 
 SCANS: dict[str, str] = {
+    "amx": "the int8 scan fused on AMX tiles (products, scales and per-document maxima in one pass: "
+           "index/amxscan.py), then exact scores of the documents it cannot rule out",
     "int8": "int8 scan with a proven error bound (oneDNN int8 through torch), then exact scores of the "
             "documents it cannot rule out (index/int8scan.py)",
     "exact": "the exact kernel on every document (portable)",
 }
 
 
-def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True) -> tuple[str, str]:
+def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
+                amx_scan: bool = False) -> tuple[str, str]:
     """``(scan, reason)`` of exact top-k MaxSim (:func:`index.int8scan.maxsim_topk`) for codes of
     ``precision`` on a CPU with ``flags``.
 
@@ -145,6 +150,8 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True) -
         flags: the CPU's feature flags (``/proc/cpuinfo``).
         torch_int8: whether torch is installed and its int8 matmul is exact on this CPU
             (:func:`index.int8scan.int8_matmul_is_exact`).
+        amx_scan: whether the fused AMX scan is built and granted the tile state here
+            (:func:`index.amxscan.available`; it is only asked on AMX CPUs).
     """
     units = int8_units(flags)
     if precision != "int8":
@@ -152,24 +159,39 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True) -
     if units is None:
         return "exact", ("no VNNI/AMX: int8 products run at the float32 FMA rate (vpmaddwd), the scan would not "
                          "pay for its second pass (the exact kernel on every document)")
+    if units == "amx" and amx_scan:
+        return "amx", ("AMX int8 tiles: the fused scan keeps the products in the tiles and takes the per-document "
+                       "maxima as they are made, so the scan runs near the speed of reading the codes "
+                       "(bench/maxsim.py)")
     if not torch_int8:
         return "exact", f"{units}, but torch's int8 matmul is missing or not exact here (the exact kernel)"
+    why = "" if units != "amx" else " (the fused AMX scan is not built or not granted the tile state here)"
     return "int8", (f"{units}: int8 dot products at 4x the float32 FMA rate; the int8 scan bounds every score, "
-                    "then the documents it cannot rule out are scored exactly (bench/maxsim.py)")
+                    f"then the documents it cannot rule out are scored exactly (bench/maxsim.py){why}")
 
 
 def resolve_scan(scan: str, precision: str) -> str:
-    """The scan :func:`index.int8scan.maxsim_topk` runs for ``scan`` (``auto``, ``int8``, ``exact``)."""
+    """The scan :func:`index.int8scan.maxsim_topk` runs for ``scan`` (``auto``, ``amx``, ``int8``,
+    ``exact``)."""
     if scan == "auto":
+        from . import amxscan
         from .int8scan import int8_matmul_is_exact
 
         flags = cpu_features().flags
-        torch_ok = precision == "int8" and int8_units(flags) is not None and int8_matmul_is_exact()
-        return choose_scan(precision, flags, torch_ok)[0]
+        units = int8_units(flags) if precision == "int8" else None
+        amx_ok = units == "amx" and amxscan.available(flags)
+        torch_ok = units is not None and not amx_ok and int8_matmul_is_exact()
+        return choose_scan(precision, flags, torch_ok, amx_ok)[0]
     if scan not in SCANS:
         raise InvalidError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}", param="scan")
-    if scan == "int8" and precision != "int8":
-        raise InvalidError(f"the int8 MaxSim scan reads int8 codes, not {precision}", param="scan")
+    if scan in ("int8", "amx") and precision != "int8":
+        raise InvalidError(f"the {scan} MaxSim scan reads int8 codes, not {precision}", param="scan")
+    if scan == "amx":
+        from . import amxscan
+
+        if not amxscan.available():
+            raise InvalidError("the amx MaxSim scan needs a CPU with AMX int8 and the compiled module "
+                               "(embedpool.index._amxscan); use auto, int8 or exact", param="scan")
     return scan
 
 

@@ -276,9 +276,10 @@ def test_unknown_or_mismatched_kernel_is_refused(rng):
 # this CPU has, so it runs here (VNNI or not: torch._int_mm is exact, checked below) and the
 # portable path (scan="exact") against the same reference.
 
-from embedpool.index import int8scan  # noqa: E402
+from embedpool.index import amxscan, int8scan  # noqa: E402
 
-SCANS = ["int8", "exact"] if int8scan.int8_matmul_is_exact() else ["exact"]
+SCANS = (["amx"] if amxscan.available() else []) + (["int8"] if int8scan.int8_matmul_is_exact() else []) + ["exact"]
+ENGINES = (["amx"] if amxscan.available() else []) + (["torch"] if int8scan.int8_matmul_is_exact() else [])
 
 
 def _naive_topk(queries, stored, offs, k, doc_idx=None, live=None, gap=1e-4):
@@ -386,7 +387,7 @@ def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second
     for k in (1, 5, 12, 20):
         got, stats = _check_topk(queries, codes, offs, scales, k, scan, gap=1e-6)
         assert is_y[got[0][1][:min(k, 12)]].all()  # the Y documents first, as exact MaxSim says
-        if scan == "int8":
+        if scan != "exact":
             assert stats["rescored"][0] < len(norms)  # the bound ruled some documents out
     # ties: the duplicates of the documents at positions 3 and 15 are returned next to them, with
     # their score (within float32 rounding: the exact kernel rounds by a row's place in a block)
@@ -397,10 +398,11 @@ def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second
         np.testing.assert_allclose(gs[pos.index(orig)], gs[pos.index(dup)], rtol=1e-6)
 
 
-@pytest.mark.skipif("int8" not in SCANS, reason="torch's int8 matmul is not exact here")
-def test_bound_holds_and_is_tight_enough(rng):
-    """|exact - scan| <= B for every (query, document), B shrinks 254x with the residual's codes,
-    and B is not vacuous (a small share of the scores' spread)."""
+@pytest.mark.skipif(not ENGINES, reason="neither torch's int8 matmul nor the AMX scan runs here")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bound_holds_and_is_tight_enough(rng, engine):
+    """|exact - scan| <= B for every (query, document), B shrinks 254x with each further code of
+    the residual, and B is not vacuous (a small share of the scores' spread)."""
     dim = 64
     docs = [d * rng.uniform(0.2, 4.0) for d in rand_docs(rng, 200, dim, lo=1, hi=20)]
     vecs, offs = _pack(docs)
@@ -408,10 +410,12 @@ def test_bound_holds_and_is_tight_enough(rng):
     queries = rand_docs(rng, 5, dim, lo=1, hi=16)
     norms = int8scan.doc_norms(codes, offs, scales)
     exact = _naive(queries, _stored(codes, scales), offs)
-    p1, b1 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000)
-    p2, b2 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000, n_codes=2)
+    p1, b1 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000, engine=engine)
+    p2, b2 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000, n_codes=2, engine=engine)
+    p3, b3 = int8scan.bound_scan(queries, codes, offs, scales, norms, chunk_bytes=2_000, n_codes=3, engine=engine)
     assert (np.abs(exact - p1) <= b1).all() and (np.abs(exact - p2) <= b2).all()
-    assert (b2 < b1 / 100).all()
+    assert (np.abs(exact - p3) <= b3).all()
+    assert (b2 < b1 / 100).all() and (b3 < b2 / 2).all()  # b3: float32 rounding (rho) dominates
     assert (b1.max(axis=1) < 0.2 * (exact.max(axis=1) - exact.min(axis=1))).all()
     # N_D is each document's largest stored token norm
     stored = _stored(codes, scales)
@@ -447,20 +451,27 @@ def test_topk_on_float_codes_takes_the_exact_path(rng):
 @pytest.mark.parametrize("flags, int8", [
     (ZEN1_FLAGS, "exact"),  # no int8 units: products at the FMA rate
     (CASCADE_LAKE_FLAGS, "int8"),  # AVX-512 VNNI (this machine's kind)
-    (SAPPHIRE_RAPIDS_FLAGS, "int8"),  # AMX
+    (SAPPHIRE_RAPIDS_FLAGS, "int8"),  # AMX, without the fused scan (not built)
     (ALDER_LAKE_FLAGS, "int8"),  # AVX-VNNI
     ((), "exact"),
 ])
 def test_scan_choice_per_cpu(flags, int8):
     assert kernels.choose_scan("int8", flags)[0] == int8
     assert kernels.choose_scan("int8", flags, torch_int8=False)[0] == "exact"
+    # the fused AMX scan where the CPU has AMX and the module is built, whatever torch has
+    amx = "amx" if flags is SAPPHIRE_RAPIDS_FLAGS else int8
+    assert kernels.choose_scan("int8", flags, amx_scan=True)[0] == amx
+    assert kernels.choose_scan("int8", flags, torch_int8=False, amx_scan=True)[0] == \
+        ("amx" if amx == "amx" else "exact")
     for precision in ("float16", "float32"):
         assert kernels.choose_scan(precision, flags)[0] == "exact"
+        assert kernels.choose_scan(precision, flags, amx_scan=True)[0] == "exact"
 
 
 def test_auto_scan_is_the_choice_for_this_cpu(rng):
     flags = cpu_features().flags
-    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact())[0]
+    amx = kernels.int8_units(flags) == "amx" and amxscan.available()
+    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), amx)[0]
     assert kernels.resolve_scan("auto", "int8") == want
     docs = rand_docs(rng, 400, 32, lo=40, hi=60)  # above MIN_SCAN_TOKENS
     vecs, offs = _pack(docs)
@@ -468,3 +479,52 @@ def test_auto_scan_is_the_choice_for_this_cpu(rng):
     stats = {}
     int8scan.maxsim_topk([rand_unit(rng, 4, 32)], codes, offs, scales, 3, stats=stats)
     assert stats["scan"] == want
+
+
+# ---------------------------------------------------------------------------- the fused AMX scan
+@pytest.mark.skipif(not amxscan.available(), reason="no AMX int8 here, or the module is not built")
+@pytest.mark.parametrize("dim", [384, 100, 64, 8])
+@pytest.mark.parametrize("n_codes", [1, 2, 3])
+def test_amx_docmax_equals_the_integer_reference(rng, dim, n_codes):
+    """amxscan.docmax against an int64 matrix product of the same codes (written here: the
+    definition, not the kernel's loop): per document and query column, the largest scaled sum of
+    the levels' products. Documents of 1-70 rows (16-row blocks cross documents), the rows up to
+    the array's last one (its zero-padded copy), subsets with gaps and out of order, dims that
+    are not a multiple of 64 (the next row's bytes meet zero query codes)."""
+    lens = rng.integers(1, 70, 120)
+    offs = np.concatenate([[0], np.cumsum(lens)])
+    codes = rng.integers(-128, 128, (int(offs[-1]), dim), dtype=np.int8)  # -128: TDPBSSD is signed
+    scales = rng.uniform(1e-3, 2e-2, len(codes)).astype(np.float32)
+    q = rng.normal(size=(37, dim)).astype(np.float32)
+    qc, _, _, _ = int8scan.quantized_queries(q, n_codes)
+    w = (np.float32(1) / np.float32(254) ** np.arange(n_codes)).astype(np.float32)
+    prod = (qc.astype(np.int64) @ codes.astype(np.int64).T).reshape(n_codes, 37, len(codes))
+    val = sum(prod[lv].astype(np.float64) * float(w[lv]) for lv in range(n_codes)) * scales[None, :]
+    packed = amxscan.pack_query(qc, n_codes)
+    for idx in (np.arange(120), np.array([119, 3, 4, 5, 60, 0, 118, 7])):
+        got = amxscan.docmax(packed, n_codes, w, 37, codes, scales, offs[idx], offs[idx + 1])
+        want = np.stack([val[:, offs[j]:offs[j + 1]].max(axis=1) for j in idx])
+        assert got.shape == (len(idx), 37)
+        np.testing.assert_allclose(got, want, rtol=3e-7 * n_codes, atol=0)
+
+
+@pytest.mark.skipif(not (amxscan.available() and int8scan.int8_matmul_is_exact()),
+                    reason="needs both the AMX scan and torch's exact int8 matmul")
+def test_amx_scan_gives_the_library_scans_values(rng):
+    """The two engines of bound_scan compute the same scores (the same integers; float32 roundings
+    in another order) and the same bounds."""
+    docs = [d * rng.uniform(0.5, 3.0) for d in rand_docs(rng, 300, 96, lo=1, hi=50)]
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs, "int8")
+    queries = rand_docs(rng, 3, 96, lo=1, hi=40)
+    norms = int8scan.doc_norms(codes, offs, scales)
+    idx = rng.permutation(300)[:77]
+    for n_codes in (1, 2, 3):
+        for doc_idx in (None, idx):
+            nd = norms if doc_idx is None else norms[doc_idx]
+            pa, ba = int8scan.bound_scan(queries, codes, offs, scales, nd, doc_idx=doc_idx, n_codes=n_codes,
+                                         engine="amx")
+            pt, bt = int8scan.bound_scan(queries, codes, offs, scales, nd, doc_idx=doc_idx, n_codes=n_codes,
+                                         chunk_bytes=5_000)
+            np.testing.assert_allclose(pa, pt, rtol=2e-6, atol=1e-6)
+            np.testing.assert_array_equal(ba, bt)

@@ -1,0 +1,170 @@
+/* The fused int8 MaxSim scan on AMX tiles (index/amxscan.py is its Python side and its
+ * documentation; why it is hand-written is said there).
+ *
+ * ep_amx_docmax: for every document D (rows starts[d]..ends[d]-1 of the int8 codes) and every
+ * query column i (n_ib groups of 16), the largest over D's rows j of
+ *     s_j * (sum_l w_l * <k_{l,i}, c_j>)
+ * where <.,.> is an exact int8 x int8 -> int32 product (AMX TDPBSSD), k_l the query's l-th int8
+ * codes (packed by the Python side into the tiles' B layout) and s_j the row's float32 scale.
+ * The products never leave the tiles and a 16-row buffer: the per-document maximum is taken as
+ * they are made, so no [m, T] array is written to memory.
+ *
+ * The compiled module carries AMX and AVX-512 instructions only inside functions marked with a
+ * target attribute; nothing runs them unless the caller saw amx_int8 in the CPU's flags and the
+ * kernel asked Linux for the tile state (ep_amx_request).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Ask Linux for the AMX tile state of this process (every thread): 0 when granted. */
+int ep_amx_request(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
+}
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+#define TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,fma")))
+
+TARGET static inline void flush(float *dst, float *dm, int n_ib) {
+    const __m512 lowest = _mm512_set1_ps(-__builtin_inff());
+    for (int g = 0; g < n_ib; g++) {
+        _mm512_storeu_ps(dst + 16 * g, _mm512_loadu_ps(dm + 16 * g));
+        _mm512_storeu_ps(dm + 16 * g, lowest);
+    }
+}
+
+/* Returns 0, or -1 when a buffer could not be allocated (out is then undefined).
+ *   codes   int8 [n_rows, dim] (row stride dim bytes); scales float32 [n_rows] or NULL (1.0)
+ *   starts, ends  int64 [n_docs]: each document's rows (non-empty)
+ *   qpack   int8 [n_ib][n_codes][n_kb][16][64]: query codes in the B-tile layout (zero padded)
+ *   w       float32 [n_codes]: each code's weight (1, 1/254, 1/254^2; the first is taken as 1)
+ *   out     float32 [n_docs][16 * n_ib]                                                      */
+TARGET int ep_amx_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, const float *scales,
+                         const int64_t *starts, const int64_t *ends, int64_t n_docs,
+                         const int8_t *qpack, int n_ib, int n_codes, int n_kb, const float *w,
+                         float *out) {
+    if (n_codes < 1 || n_codes > 3 || n_ib < 1 || n_kb < 1) return -1;
+    const int mp = 16 * n_ib;
+    const int64_t kpad = 64 * (int64_t)n_kb;
+    int32_t *cbuf = aligned_alloc(64, (size_t)n_ib * 3 * 16 * 16 * sizeof(int32_t));
+    float *dm = aligned_alloc(64, (size_t)mp * sizeof(float));
+    int8_t *pad = aligned_alloc(64, (size_t)16 * kpad);
+    if (!cbuf || !dm || !pad) {
+        free(cbuf); free(dm); free(pad);
+        return -1;
+    }
+    for (int i = 0; i < mp; i++) dm[i] = -__builtin_inff();
+
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    /* tiles 0-2: int32 accumulators (16 rows x 16 query columns); 4: A, 16 code rows x 64 bytes;
+     * 5-7: B, the query codes of one level (16 rows of 4-byte groups x 16 columns) */
+    const int used[] = {0, 1, 2, 4, 5, 6, 7};
+    for (unsigned t = 0; t < sizeof used / sizeof used[0]; t++) {
+        cfg.rows[used[t]] = 16;
+        cfg.colsb[used[t]] = 64;
+    }
+    _tile_loadconfig(&cfg);
+
+    const __m512 w1 = _mm512_set1_ps(n_codes > 1 ? w[1] : 0.0f);
+    const __m512 w2 = _mm512_set1_ps(n_codes > 2 ? w[2] : 0.0f);
+    const int64_t total = n_rows * dim; /* bytes of codes that may be read */
+
+    int64_t d = 0;
+    while (d < n_docs) {
+        /* a run of documents whose rows follow each other: 16-row blocks may cross documents */
+        int64_t e = d + 1;
+        while (e < n_docs && starts[e] == ends[e - 1]) e++;
+        const int64_t r0 = starts[d], r1 = ends[e - 1];
+        int64_t cur = d;
+        for (int64_t r = r0; r < r1; r += 16) {
+            const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+            const int8_t *a = codes + r * dim;
+            int64_t stride = dim;
+            if ((r + 15) * dim + kpad > total) { /* the last rows: read a zero-padded copy */
+                memset(pad, 0, (size_t)16 * kpad);
+                for (int i = 0; i < nr; i++) memcpy(pad + i * kpad, codes + (r + i) * dim, (size_t)dim);
+                a = pad;
+                stride = kpad;
+            }
+            for (int g = 0; g < n_ib; g++) {
+                const int8_t *b = qpack + (int64_t)g * n_codes * n_kb * 1024;
+                int32_t *c = cbuf + g * 3 * 256;
+                _tile_zero(0);
+                if (n_codes > 1) _tile_zero(1);
+                if (n_codes > 2) _tile_zero(2);
+                for (int kb = 0; kb < n_kb; kb++) {
+                    _tile_loadd(4, a + 64 * kb, stride);
+                    _tile_loadd(5, b + (int64_t)kb * 1024, 64);
+                    _tile_dpbssd(0, 4, 5);
+                    if (n_codes > 1) {
+                        _tile_loadd(6, b + (int64_t)(n_kb + kb) * 1024, 64);
+                        _tile_dpbssd(1, 4, 6);
+                    }
+                    if (n_codes > 2) {
+                        _tile_loadd(7, b + (int64_t)(2 * n_kb + kb) * 1024, 64);
+                        _tile_dpbssd(2, 4, 7);
+                    }
+                }
+                _tile_stored(0, c, 64);
+                if (n_codes > 1) _tile_stored(1, c + 256, 64);
+                if (n_codes > 2) _tile_stored(2, c + 512, 64);
+            }
+            /* the block's rows, one document's segment at a time: the segment's maxima are
+             * taken in registers and merged into the document's once */
+            for (int i = 0; i < nr;) {
+                while (r + i >= ends[cur]) { /* the rows of document cur are done */
+                    flush(out + cur * mp, dm, n_ib);
+                    cur++;
+                }
+                const int j = (int)(ends[cur] - r < nr ? ends[cur] - r : nr); /* rows i..j-1: cur's */
+                for (int g = 0; g < n_ib; g++) {
+                    const int32_t *c = cbuf + g * 3 * 256;
+                    __m512 acc = _mm512_loadu_ps(dm + 16 * g);
+                    for (int t = i; t < j; t++) {
+                        __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c + 16 * t));
+                        if (n_codes > 1) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c + 256 + 16 * t)), w1, v);
+                        if (n_codes > 2) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c + 512 + 16 * t)), w2, v);
+                        const float s = scales ? scales[r + t] : 1.0f;
+                        acc = _mm512_max_ps(acc, _mm512_mul_ps(v, _mm512_set1_ps(s)));
+                    }
+                    _mm512_storeu_ps(dm + 16 * g, acc);
+                }
+                i = j;
+            }
+        }
+        for (; cur < e; cur++) flush(out + cur * mp, dm, n_ib);
+        d = e;
+    }
+    _tile_release();
+    free(cbuf); free(dm); free(pad);
+    return 0;
+}
+#else
+int ep_amx_request(void) { return -1; }
+#endif
+
+/* An empty Python module: the Python side loads this file with ctypes (whose calls release the
+ * GIL, so the scan's worker threads run the kernel in parallel). */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amxscan", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__amxscan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,16 @@
+"""The one compiled part: index/_amxscan.c, the fused int8 MaxSim scan on AMX tiles
+(index/amxscan.py). Optional: where no C compiler is found the install goes on without it and
+the scan takes its library path (torch's oneDNN int8 products), as on CPUs without AMX."""
+
+import platform
+
+from setuptools import Extension, setup
+
+ext_modules = []
+if platform.machine().lower() in ("x86_64", "amd64") and platform.system() == "Linux":
+    # no -m flags for the whole file: the AMX / AVX-512 code is confined to functions with a
+    # target attribute, so importing the module is safe on every x86-64 CPU
+    ext_modules.append(Extension("embedpool.index._amxscan", ["index/_amxscan.c"],
+                                 extra_compile_args=["-O2", "-std=gnu11"], optional=True))
+
+setup(ext_modules=ext_modules)
