@@ -83,9 +83,12 @@ _STEP = 254.0  # the residual's codes step 1/254 of the first ones (|code| <= 12
 #: fixed costs -- query codes, bounds, a second pass -- are larger than what it saves)
 MIN_SCAN_TOKENS = 16_384
 #: int8 codes per query component of the first scan and of the second (of the first one's
-#: survivors), per scan: the library path pays for every product in memory traffic, so it scans
-#: with one code first; the fused AMX scan's products stay in the tiles (bench/maxsim.py)
-SCAN_CODES = {"int8": (1, 2), "amx": (1, 2)}
+#: survivors), per scan. The library path pays for every product in memory traffic, so it scans
+#: with one code first. The fused AMX scan is bound by reading the codes, not by the tiles: two
+#: codes cost it about what one does (88 vs 86 ms per query over 1 GB) and leave ~10 of 18,190
+#: near-tied synthetic documents instead of a third of them, so no second scan runs
+#: (bench/maxsim.py --codes-sweep: 90-92 ms for an exact top 10, against 126-134 with one code)
+SCAN_CODES = {"int8": (1, 2), "amx": (2, 3)}
 
 
 def _gamma(k: int) -> float:
@@ -213,17 +216,31 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
         engine: ``torch`` (oneDNN int8 products per chunk, per-document maxima in numpy) or
             ``amx`` (:mod:`index.amxscan`: both fused on AMX tiles; the same values).
     """
-    rows = DocRows(offsets, doc_idx)
-    n_docs = len(rows)
     q_all, q_starts = _stack_queries(queries)
     m, dim = q_all.shape
-    codes, a, r_norm, q_norm = quantized_queries(q_all, n_codes)
+    quant = quantized_queries(q_all, n_codes)
+    _, _, r_norm, q_norm = quant
     rho = 2 * _gamma(dim + m + 8)
     per_query = np.add.reduceat(r_norm + rho * (q_norm + r_norm), q_starts)  # R + rho Q per query
     bound = per_query[:, None] * np.asarray(norms, np.float64)[None, :]
-    out = np.empty((len(queries), n_docs), np.float32)
-    if n_docs == 0:
-        return out, bound
+    return scan_scores(q_all, q_starts, quant, vectors, offsets, scales, doc_idx=doc_idx,
+                       chunk_bytes=chunk_bytes, engine=engine), bound
+
+
+def scan_scores(q_all: np.ndarray, q_starts: np.ndarray, quant: tuple, vectors: np.ndarray,
+                offsets: np.ndarray, scales: np.ndarray, *, doc_idx: np.ndarray | None = None,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, engine: str = "torch") -> np.ndarray:
+    """The scan's scores ``P [q, n_docs] float32`` of the stacked query tokens ``q_all``
+    (``q_starts``: each query's first row) quantized as ``quant`` (:func:`quantized_queries`);
+    the rest as :func:`bound_scan`."""
+    rows = DocRows(offsets, doc_idx)
+    n_docs = len(rows)
+    m, dim = q_all.shape
+    codes, a = quant[0], quant[1]
+    n_codes = len(codes) // max(m, 1)
+    out = np.empty((len(q_starts), n_docs), np.float32)
+    if n_docs == 0 or m == 0:
+        return out
     local = rows.local
     n_workers = kernels.workers()
     per_worker = -(-int(local[-1]) // n_workers)
@@ -244,7 +261,7 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
 
         # the fused scan holds no chunk in memory: spans only share the work out (4 per worker)
         kernels.run_parallel(scan_docs, _chunks(local, max(1, per_worker // 4)), n_workers)
-        return out, bound
+        return out
 
     per_token = dim + 8 * n_codes * m  # the codes, the int32 products, their float32 scaling
     spans = _chunks(local, max(1, min(chunk_bytes // per_token, per_worker)))
@@ -267,7 +284,18 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
         reduce(np.maximum.reduceat(sim, local[x:y] - local[x], axis=1), x, y)  # [m, y - x]
 
     kernels.run_parallel(score_span, spans, n_workers)
-    return out, bound
+    return out
+
+
+def amx_maxsim(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.ndarray,
+               scales: np.ndarray | None, *, doc_idx: np.ndarray | None = None) -> np.ndarray:
+    """MaxSim of every query against every document (or ``doc_idx``) by the fused AMX scan with
+    three int8 codes per query component: the ``amx-int8x3`` kernel of
+    :func:`index.maxsim.maxsim_scores`, exact up to float32 rounding like ``mlas-int8x3``
+    (the query's error per component is at most ``a / (2 * 254**2)``)."""
+    q_all, q_starts = _stack_queries(queries)
+    return scan_scores(q_all, q_starts, quantized_queries(q_all, 3), vectors, offsets, scales,
+                       doc_idx=doc_idx, engine="amx")
 
 
 # ---------------------------------------------------------------------------- exact top k

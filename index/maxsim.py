@@ -12,8 +12,9 @@ all documents with one matrix product per cache-sized chunk of documents (a kern
 where the kernel allows), a ``np.maximum.reduceat`` over the document offsets and a
 ``np.add.reduceat`` over the query token offsets -- there is no Python loop over documents.
 The kernels score the stored codes (int8 with per-vector scales, float16, float32) as they are:
-int8 codes are multiplied as int8 by ONNX Runtime's MLAS where the CPU has AMX int8 tiles,
-float16 and int8 codes are otherwise cast chunk by chunk in cache; every kernel keeps
+int8 codes are multiplied as int8 on AMX int8 tiles (the fused scan of :mod:`index.amxscan`
+where it is built, else ONNX Runtime's MLAS), float16 and int8 codes are otherwise cast chunk
+by chunk in cache; every kernel keeps
 float32 query math within float32 rounding (only the opt-in ``mlas-int8`` rounds the query to
 int8). ONNX Runtime is an optional, lazily imported accelerator of index/ (see
 :mod:`index.kernels`); without it the portable numpy/BLAS path runs.
@@ -140,6 +141,10 @@ def maxsim_scores(
     out = np.empty((len(queries), n_docs), dtype=np.float32)
     if n_docs == 0:
         return out
+    if name == "amx-int8x3":  # fused: no chunk loop (index/amxscan.py)
+        from .int8scan import amx_maxsim
+
+        return amx_maxsim(queries, vectors, offsets, scales, doc_idx=doc_idx)
     prep = name(q_all, vectors.dtype) if callable(name) else kernels.prepare(name, q_all, vectors.dtype)
     local = rows.local  # token offsets of the scored docs, end to end
     # chunks within the working-set bound, and at least one per worker where there are enough tokens

@@ -107,12 +107,13 @@ def test_int8_maxsim_equals_naive_on_dequantized(rng, n_query_tokens):
 # or float16 values), for int8 and float16 codes, full scans and candidate subsets, documents
 # larger than a chunk, and chunks on worker threads.
 
-from embedpool.index import kernels  # noqa: E402
+from embedpool.index import amxscan, kernels  # noqa: E402
 
 # ONNX Runtime is a core dependency (pyproject.toml): every kernel runs here, and a missing
 # onnxruntime fails these tests instead of shrinking the lists
 FLOAT_KERNELS = ["numpy", "mlas-f32"]
-INT8_KERNELS = ["mlas-int8x3", "mlas-int8"]
+# the fused AMX kernel where it runs (an AMX CPU, the compiled module)
+INT8_KERNELS = ["mlas-int8x3", "mlas-int8"] + (["amx-int8x3"] if amxscan.available() else [])
 
 ZEN1_FLAGS = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni").split()
 CASCADE_LAKE_FLAGS = ZEN1_FLAGS + "avx512f avx512dq avx512bw avx512vl avx512cd avx512_vnni".split()
@@ -215,8 +216,9 @@ def test_kernel_equals_naive_on_real_token_vectors(real_tokens, kernel, precisio
 
 def test_auto_kernel_is_the_choice_for_this_cpu(rng):
     flags, capability = cpu_features().flags, cpu_features().capability
+    amx = kernels.int8_units(flags) == "amx" and amxscan.available()
     for precision in ("float32", "float16", "int8"):
-        want = kernels.choose(precision, flags, capability, onnxruntime=True)[0]
+        want = kernels.choose(precision, flags, capability, onnxruntime=True, amx_kernel=amx)[0]
         assert kernels.resolve("auto", precision) == want
     docs = rand_docs(rng, 10, 16)
     vecs, offs = _pack(docs)
@@ -238,6 +240,11 @@ def test_auto_kernel_is_the_choice_for_this_cpu(rng):
 ])
 def test_kernel_choice_per_cpu(flags, capability, int8, floats):
     assert kernels.choose("int8", flags, capability)[0] == int8
+    # the fused AMX kernel on AMX CPUs where it is built; nothing else changes
+    amx = "amx-int8x3" if flags is SAPPHIRE_RAPIDS_FLAGS else int8
+    assert kernels.choose("int8", flags, capability, amx_kernel=True)[0] == amx
+    for precision in ("float16", "float32"):
+        assert kernels.choose(precision, flags, capability, amx_kernel=True)[0] == floats
     for precision in ("float16", "float32"):
         assert kernels.choose(precision, flags, capability)[0] == floats
     for precision in ("int8", "float16", "float32"):  # without ONNX Runtime: the portable path
@@ -276,7 +283,7 @@ def test_unknown_or_mismatched_kernel_is_refused(rng):
 # this CPU has, so it runs here (VNNI or not: torch._int_mm is exact, checked below) and the
 # portable path (scan="exact") against the same reference.
 
-from embedpool.index import amxscan, int8scan  # noqa: E402
+from embedpool.index import int8scan  # noqa: E402
 
 SCANS = (["amx"] if amxscan.available() else []) + (["int8"] if int8scan.int8_matmul_is_exact() else []) + ["exact"]
 ENGINES = (["amx"] if amxscan.available() else []) + (["torch"] if int8scan.int8_matmul_is_exact() else [])
