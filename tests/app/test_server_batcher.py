@@ -229,10 +229,10 @@ def test_a_round_waits_for_the_clients_of_the_previous_round_and_no_longer():
 
 
 def test_requests_queued_during_a_round_start_as_soon_as_it_ends():
-    """Continuous batching: a round that ends with requests queued is followed at once by a
-    round of those, even when fewer are queued than were in flight during it (so waiting for
-    the clients just answered would look worthwhile). The previous policy waited max_wait_ms
-    here, idling the model: with 60 s of it the second round would miss the 10 s below."""
+    """A round that ends with requests queued is followed by a round of those after at most a
+    quarter of its own time, even when fewer are queued than were in flight during it (so
+    waiting for the clients just answered looks worthwhile) and max_wait_ms is large: waiting
+    max_wait_ms here (60 s) would idle the model, and the second round would miss the 10 s below."""
     gate = threading.Event()
     emb = FakeEmbedder(gate=gate)
     b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=60_000).start()
@@ -346,3 +346,32 @@ def test_unmeasured_requests_of_a_round_are_tokenized_in_one_call(embedder, monk
     assert np.allclose(got, ref, atol=1e-5)
     counts = [len(ids) for ids in embedder.encoder.tokenizer(texts + measured)["input_ids"]]
     assert [o.usage for o in outs] == [*counts[:6], sum(counts[6:])]
+
+
+def test_clients_split_into_two_groups_merge_again():
+    """Four closed-loop clients (each sends its next request as soon as the last is answered)
+    whose first requests arrive split -- one alone, whose round starts at once, and three during
+    that round -- are one round again after the next one: after a busy round the worker waits
+    (at most a quarter of the round's time) for the clients it just answered. Without that wait
+    the two groups alternate for good (rounds of 1 and 3: ~12 rounds for the 24 requests)."""
+    emb = FakeEmbedder(delay=0.04)  # a 40 ms round: the wait after it is at most 10 ms
+    b = Batcher(emb, max_queue=100, max_batch_tokens=10_000, max_wait_ms=2000).start()
+    try:
+        async def client(k: int) -> None:
+            for i in range(6):
+                await b.embed([f"c{k} r{i}"], ["mean"])
+
+        async def run() -> None:
+            first = asyncio.ensure_future(client(0))
+            deadline = time.monotonic() + 10
+            while not b._in_round and time.monotonic() < deadline:  # client 0's round is running
+                await asyncio.sleep(0.001)
+            await asyncio.gather(first, *[client(k) for k in (1, 2, 3)])
+
+        asyncio.run(run())
+    finally:
+        b.stop()
+    sizes = [len(c[0]) for c in emb.calls]
+    assert sum(sizes) == 24
+    assert sizes[0] == 1 and sizes[1] == 4  # clients 1-3 and client 0's second request, merged
+    assert len(sizes) <= 8 and sizes.count(4) >= 5, sizes
