@@ -19,8 +19,15 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN if [ -n "${TORCH_WHEELS}" ]; then src="--find-links ${TORCH_WHEELS}"; \
     else src="--index-url ${TORCH_INDEX}"; fi \
     && pip install --no-cache-dir $src "torch==${TORCH_VERSION}"
+# A C compiler for the project's one compiled part (index/_amxscan.c, the MaxSim scan fused on
+# AMX tiles: setup.py builds it as a plain shared library; no Python headers needed). Build
+# stage only: the runtime stage gets the built library with /opt/venv, not the compiler.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY embedpool ./embedpool
 COPY app ./app
 COPY poolers ./poolers
@@ -45,6 +52,7 @@ RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
     && find /opt/venv -depth -type d -name __pycache__ -exec rm -rf {} + \
     && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())" \
     && python -c "import embedpool.app.server.app, embedpool.index.faiss, embedpool.index.kernels" \
+    && python -c "from embedpool.index import amxscan; assert amxscan.built(), 'the AMX scan was not built'" \
     && embedpool embed "The image compiles what it imports." > /dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -1,6 +1,8 @@
 """The one compiled part: index/_amxscan.c, the fused int8 MaxSim scan on AMX tiles
-(index/amxscan.py). Optional: where no C compiler is found the install goes on without it and
-the scan takes its library path (torch's oneDNN int8 products), as on CPUs without AMX."""
+(index/amxscan.py). A plain C shared library (no Python headers needed), built as an extension
+so that pip installs it inside the package; index/amxscan.py loads it with ctypes. Optional:
+where no C compiler is found the install goes on without it and AMX CPUs take the library
+kernels, as CPUs without AMX do."""
 
 import platform
 

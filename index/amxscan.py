@@ -31,6 +31,7 @@ built (it is optional: ``setup.py``) and Linux grants the process the tile state
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from functools import lru_cache
 
 import numpy as np
@@ -43,19 +44,28 @@ KBYTES = 64  # bytes of a tile row: components per product step
 _I64P = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
 
 
+def _path() -> str | None:
+    """The compiled library's file (built by ``setup.py`` as the extension
+    ``embedpool.index._amxscan``; a plain shared library, never imported), or ``None``."""
+    try:
+        spec = importlib.util.find_spec(f"{__package__}._amxscan")
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin else None
+
+
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel with the tile state granted, or ``None``."""
-    try:
-        from . import _amxscan  # noqa: F401 -- the extension module, loaded below by its file
-    except ImportError:
+    path = _path()
+    if path is None:
         return None
     try:
-        lib = ctypes.CDLL(_amxscan.__file__)
+        lib = ctypes.CDLL(path)
         if lib.ep_amx_request() != 0:
             return None
         fn = lib.ep_amx_docmax
-    except (OSError, AttributeError):  # not an x86-64 Linux build
+    except (OSError, AttributeError):  # not loadable here, or not an x86-64 Linux build
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, _I64P, _I64P,
@@ -65,12 +75,8 @@ def _library() -> ctypes.CDLL | None:
 
 
 def built() -> bool:
-    """Whether the compiled module is installed (whatever the CPU)."""
-    try:
-        from . import _amxscan  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    """Whether the compiled library is installed (whatever the CPU)."""
+    return _path() is not None
 
 
 def available(flags=None) -> bool:
