@@ -20,11 +20,13 @@ RUN if [ -n "${TORCH_WHEELS}" ]; then src="--find-links ${TORCH_WHEELS}"; \
     else src="--index-url ${TORCH_INDEX}"; fi \
     && pip install --no-cache-dir $src "torch==${TORCH_VERSION}"
 # A C compiler for the project's one compiled part (index/_amxscan.c, the MaxSim scan fused on
-# AMX tiles: setup.py builds it as a plain shared library; no Python headers needed). Build
-# stage only: the runtime stage gets the built library with /opt/venv, not the compiler.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+# AMX tiles, built by setup.py), and Python's headers where the base image lacks them (the
+# official python images ship them; a Debian python3.11 needs python3.11-dev). Build stage
+# only: the runtime stage gets the built module with /opt/venv, not the compiler.
+# hadolint ignore=DL3008,SC2086
+RUN headers="$(python -c 'import os, sysconfig; print("" if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else "python3.11-dev")')" \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev ${headers} \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

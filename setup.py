@@ -1,6 +1,6 @@
 """The one compiled part: index/_amxscan.c, the fused int8 MaxSim scan on AMX tiles
-(index/amxscan.py). A plain C shared library (no Python headers needed), built as an extension
-so that pip installs it inside the package; index/amxscan.py loads it with ctypes. Optional:
+(index/amxscan.py). An extension module with an empty Python module (index/amxscan.py loads
+its file with ctypes); it needs a C compiler and Python's headers. Optional:
 where no C compiler is found the install goes on without it and AMX CPUs take the library
 kernels, as CPUs without AMX do."""
 

@@ -9,15 +9,17 @@
  * The products never leave the tiles and a 16-row buffer: the per-document maximum is taken as
  * they are made, so no [m, T] array is written to memory.
  *
- * A plain C shared library, not a Python module (no Python.h: building it needs only a C
- * compiler): setuptools builds it as an extension so that pip installs it in the package, and
- * the Python side finds the file and loads it with ctypes, whose calls release the GIL (the
- * scan's worker threads run the kernel in parallel).
+ * An extension module with no Python functions: its module is empty (so that importing it, as
+ * tools that walk the package do, works); the Python side finds its file and loads it with
+ * ctypes, whose calls release the GIL (the scan's worker threads run the kernel in parallel).
  *
  * The library carries AMX and AVX-512 instructions only inside functions marked with a
  * target attribute; nothing runs them unless the caller saw amx_int8 in the CPU's flags and the
  * kernel asked Linux for the tile state (ep_amx_request).
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,3 +166,8 @@ TARGET int ep_amx_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, const
 #else
 int ep_amx_request(void) { return -1; }
 #endif
+
+/* The empty module (see above). */
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_amxscan", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__amxscan(void) { return PyModule_Create(&module); }

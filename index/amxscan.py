@@ -46,7 +46,7 @@ _I64P = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
 
 def _path() -> str | None:
     """The compiled library's file (built by ``setup.py`` as the extension
-    ``embedpool.index._amxscan``; a plain shared library, never imported), or ``None``."""
+    ``embedpool.index._amxscan``, whose Python module is empty), or ``None``."""
     try:
         spec = importlib.util.find_spec(f"{__package__}._amxscan")
     except (ImportError, ValueError):
