@@ -475,6 +475,13 @@ def start_peers(args, logdir: Path, results: dict, servers: dict, inf_ok: bool) 
     return paths, models
 
 
+
+def write_results(results: dict, out: Path) -> None:
+    """The run's JSON, with the load average at its end (this benchmark's and serve_rounds.py's)."""
+    results["machine"]["load_avg_end"] = os.getloadavg()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--precision", nargs="+", default=["fp32", "auto"],
@@ -582,9 +589,7 @@ def main() -> int:
     finally:
         for srv in servers.values():
             srv.stop()
-    results["machine"]["load_avg_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(results, args.out)
     print()
     print(table(results))
     print(f"\nwritten {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -102,9 +101,7 @@ def main() -> int:
     finally:
         for srv in servers.values():
             srv.stop()
-    results["machine"]["load_avg_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    serve.write_results(results, args.out)
 
     print("\n| set | conc. | server | req/s per rep | mean req/s | rounds (mean) | inputs per round (mean) "
           "| ms per round (mean) | worker idle (mean) |\n|---|---:|---|---|---:|---:|---:|---:|---:|")
