@@ -19,8 +19,8 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN if [ -n "${TORCH_WHEELS}" ]; then src="--find-links ${TORCH_WHEELS}"; \
     else src="--index-url ${TORCH_INDEX}"; fi \
     && pip install --no-cache-dir $src "torch==${TORCH_VERSION}"
-# A C compiler for the project's one compiled part (index/_amxscan.c, the MaxSim scan fused on
-# AMX tiles, built by setup.py), and Python's headers where the base image lacks them (the
+# A C compiler for the project's one compiled part (index/_amxscan.c, the MaxSim scans fused on
+# AMX tiles and AVX-512 VNNI, built by setup.py), and Python's headers where the base image lacks them (the
 # official python images ship them; a Debian python3.11 needs python3.11-dev). Build stage
 # only: the runtime stage gets the built module with /opt/venv, not the compiler.
 # hadolint ignore=DL3008,SC2086
@@ -54,7 +54,7 @@ RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
     && find /opt/venv -depth -type d -name __pycache__ -exec rm -rf {} + \
     && python -c "from embedpool.poolers.encoder import default_model_path; print('model at', default_model_path())" \
     && python -c "import embedpool.app.server.app, embedpool.index.faiss, embedpool.index.kernels" \
-    && python -c "from embedpool.index import amxscan; assert amxscan.built(), 'the AMX scan was not built'" \
+    && python -c "from embedpool.index import amxscan; assert amxscan.built(), 'the fused MaxSim scans were not built'" \
     && embedpool embed "The image compiles what it imports." > /dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -45,7 +45,7 @@ $(MILVUS_SERVER)/bin/milvus-server:
 
 milvus-server: $(MILVUS_SERVER)/bin/milvus-server
 
-# setup.py builds the one compiled part (index/_amxscan.c, the fused AMX MaxSim scan; optional)
+# setup.py builds the one compiled part (index/_amxscan.c, the fused AMX / VNNI MaxSim scans; optional)
 $(STAMP): pyproject.toml setup.py index/_amxscan.c Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -1,8 +1,8 @@
-"""The one compiled part: index/_amxscan.c, the fused int8 MaxSim scan on AMX tiles
-(index/amxscan.py). An extension module with an empty Python module (index/amxscan.py loads
+"""The one compiled part: index/_amxscan.c, the fused int8 MaxSim scans on AMX tiles and on
+AVX-512 VNNI (index/amxscan.py). An extension module with an empty Python module (index/amxscan.py loads
 its file with ctypes); it needs a C compiler and Python's headers. Optional:
-where no C compiler is found the install goes on without it and AMX CPUs take the library
-kernels, as CPUs without AMX do."""
+where no C compiler is found the install goes on without it and AMX / VNNI CPUs take the library
+kernels, as CPUs without them do."""
 
 import platform
 

@@ -1,5 +1,7 @@
-"""The fused int8 scan of :mod:`index.int8scan` on AMX tiles: per document and query token, the
-largest scaled int8 product, with no ``[m, T]`` product array in memory.
+"""The fused int8 scans of :mod:`index.int8scan`, on AMX tiles and on AVX-512 VNNI: per document
+and query token, the largest scaled int8 product, with no ``[m, T]`` product array in memory.
+(The module keeps its first name, ``amxscan``; the VNNI kernel came second and shares its
+compiled library, its interface and its tests.)
 
 :mod:`index.int8scan`'s library path multiplies a chunk of codes by the query's int8 codes with
 oneDNN (``torch._int_mm``), writes the ``[m, T]`` int32 products to memory, then scales them and
@@ -7,7 +9,9 @@ takes per-document maxima in numpy. On an AMX Xeon that path ran at ~132 G int8 
 second, far below the tiles' rate: it is bound by the products' round trip through memory and by
 numpy's passes over them (docs/storage.md). No library has the fused operation -- int8 matrix
 product, per-row scale, maximum over variable-length row segments -- oneDNN, MLAS and FAISS stop
-at the product (or at a top-1), so it is written here, in ``_amxscan.c``:
+at the product (or at a top-1), so it is written here, in ``_amxscan.c``. Two units:
+
+``amx`` (``ep_amx_docmax``):
 
 - the document's int8 codes are the tiles' A operand as they lie on disk (16 rows x 64 bytes per
   tile load, no copy, no layout change), the query's codes the B operand, packed once per call
@@ -17,15 +21,32 @@ at the product (or at a top-1), so it is written here, in ``_amxscan.c``:
   code levels, scaled by the row's scale and folded into the running per-document maxima in
   AVX-512 registers; a document's maxima are written when its last row is done.
 
-What it computes is exactly what :func:`index.int8scan.bound_scan`'s library path computes
+``vnni`` (``ep_vnni_docmax``), for CPUs with AVX-512 VNNI and no AMX (or no tile state):
+
+- ``VPDPBUSD`` multiplies unsigned by signed bytes and can broadcast only its signed operand from
+  memory, so the code rows are the signed side -- each 4-byte group broadcast to 16 lanes
+  straight from the mapped codes, no copy, no shuffle -- and the query the unsigned side, its
+  codes shifted by 128 (``k + 128``, padding 0). ``sum (k + 128) c = <k, c> + 128 sum c``: each
+  row's sum of codes (``VPSADBW``, exact) takes the extra term back out, so the int32 are the
+  ones ``TDPBSSD`` gives (the tests check both against an int64 product, ``-128`` codes included);
+- 8 rows x 32 query columns at a time: 16 int32 accumulators in registers, two query vectors per
+  4-byte group shared by the 8 rows; every multiply-add unit is busy (12,288 multiply-adds per
+  row and 32-token query = 192 ``VPDPBUSD``), so the kernel runs at the unit's rate, about one
+  ``VPDPBUSD`` per cycle per core. A first try that broadcast the rows after making them
+  unsigned (a shuffle per 4-byte group) ran 4x slower (docs/storage.md);
+- the int32 go to a small buffer and are combined, scaled and folded into per-document maxima as
+  on AMX.
+
+What both compute is exactly what :func:`index.int8scan.bound_scan`'s library path computes
 (the same integers, the same float32 scaling up to the order of two roundings, which the bound's
 ``rho`` covers), so the bound, the exclusion and the exact step of :mod:`index.int8scan` are
 unchanged: this module only replaces the products and the per-document maxima.
 
-Used where the CPU has AMX int8 (``amx_tile`` and ``amx_int8`` in its flags), the module was
-built (it is optional: ``setup.py``) and Linux grants the process the tile state
-(``arch_prctl(ARCH_REQ_XCOMP_PERM)``); :func:`available` checks all three.
-``bench/maxsim.py`` measures it against the library path on the same codes.
+``amx`` is used where the CPU has AMX int8 (``amx_tile`` and ``amx_int8`` in its flags), the
+module was built (it is optional: ``setup.py``) and Linux grants the process the tile state
+(``arch_prctl(ARCH_REQ_XCOMP_PERM)``); ``vnni`` where the CPU has AVX-512 VNNI with BW/DQ/VL and
+the module was built. :func:`available` checks them per unit (flags injectable).
+``bench/maxsim.py`` measures both against the library path on the same codes.
 """
 
 from __future__ import annotations
@@ -33,15 +54,33 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from embedpool.cpu import cpu_features
 
-ROWS = 16   # rows of a tile: document rows per block, query columns per group
-KBYTES = 64  # bytes of a tile row: components per product step
+#: the fused scans: the unit, the CPU flags it needs, and its shape -- query columns per group
+#: (AMX: a tile's 16 columns; VNNI: two 16-lane vectors) and components per step of the
+#: product (AMX: a tile row's 64 bytes; VNNI: one 4-byte group)
+UNITS = ("amx", "vnni")
+_FLAGS = {"amx": frozenset({"amx_tile", "amx_int8"}),
+          "vnni": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})}
+_SHAPE = {"amx": (16, 64), "vnni": (32, 4)}
 
 _I64P = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
+_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, _I64P, _I64P,
+         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+         ctypes.c_void_p, ctypes.c_void_p]
+
+
+class Packed(NamedTuple):
+    """A query's int8 codes packed for one unit's kernel (:func:`pack_query`)."""
+
+    unit: str
+    array: np.ndarray
+    n_groups: int  # groups of query columns
+    n_k: int  # steps of the product (64-byte blocks on AMX, 4-byte groups on VNNI)
 
 
 def _path() -> str | None:
@@ -56,22 +95,26 @@ def _path() -> str | None:
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    """The compiled kernel with the tile state granted, or ``None``."""
+    """The compiled kernels, or ``None``."""
     path = _path()
     if path is None:
         return None
     try:
         lib = ctypes.CDLL(path)
-        if lib.ep_amx_request() != 0:
-            return None
-        fn = lib.ep_amx_docmax
+        fns = lib.ep_amx_docmax, lib.ep_vnni_docmax
     except (OSError, AttributeError):  # not loadable here, or not an x86-64 Linux build
         return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, _I64P, _I64P,
-                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                   ctypes.c_void_p, ctypes.c_void_p]
+    for fn in fns:
+        fn.restype = ctypes.c_int
+        fn.argtypes = _ARGS
     return lib
+
+
+@lru_cache(maxsize=1)
+def _tiles_granted() -> bool:
+    """Whether Linux grants this process the AMX tile state (asked once)."""
+    lib = _library()
+    return lib is not None and lib.ep_amx_request() == 0
 
 
 def built() -> bool:
@@ -79,35 +122,49 @@ def built() -> bool:
     return _path() is not None
 
 
-def available(flags=None) -> bool:
-    """Whether the fused AMX scan can run here: AMX int8 in ``flags`` (the CPU's by default), the
-    module built, the tile state granted."""
+def available(flags=None, unit: str = "amx") -> bool:
+    """Whether the fused scan on ``unit`` can run here: the unit's features in ``flags`` (the
+    CPU's by default), the module built and, for AMX, the tile state granted."""
     f = frozenset(cpu_features().flags if flags is None else flags)
-    return {"amx_tile", "amx_int8"} <= f and _library() is not None
+    if not _FLAGS[unit] <= f or _library() is None:
+        return False
+    return unit != "amx" or _tiles_granted()
 
 
-def pack_query(codes: np.ndarray, n_codes: int) -> tuple[np.ndarray, int, int]:
-    """``(packed, n_groups, n_kb)``: the query's int8 codes ``[n_codes * m, dim]`` (level-major,
-    as :func:`index.int8scan.quantized_queries` gives them) in the tiles' B layout,
-    ``[group][level][k block][16 rows of 4-byte groups][16 columns x 4 bytes]``, zero padded to
-    16 query tokens per group and 64 components per k block."""
+def pack_query(codes: np.ndarray, n_codes: int, unit: str = "amx") -> Packed:
+    """The query's int8 codes ``[n_codes * m, dim]`` (level-major, as
+    :func:`index.int8scan.quantized_queries` gives them) in ``unit``'s layout, zero padded to
+    whole groups of query columns and whole steps of components:
+
+    - ``amx``: the tiles' B operand, ``[group][level][k block][16 rows of 4-byte groups]
+      [16 columns x 4 bytes]``, int8;
+    - ``vnni``: ``[group][level][4-byte group][32 columns][4 bytes]``, each code + 128 as uint8
+      (``VPDPBUSD``'s unsigned operand; padding stays 0, so it adds nothing).
+    """
+    cols, step = _SHAPE[unit]
     m = len(codes) // n_codes
     dim = codes.shape[1]
-    n_groups, n_kb = -(-m // ROWS), -(-dim // KBYTES)
-    q = np.zeros((n_codes, n_groups * ROWS, n_kb * KBYTES), np.int8)
-    q[:, :m, :dim] = np.asarray(codes, np.int8).reshape(n_codes, m, dim)
-    # [level, group, column, k block, row, byte] -> [group, level, k block, row, column, byte]
-    q = q.reshape(n_codes, n_groups, ROWS, n_kb, KBYTES // 4, 4).transpose(1, 0, 3, 4, 2, 5)
-    return np.ascontiguousarray(q), n_groups, n_kb
+    n_groups, n_k = -(-m // cols), -(-dim // step)
+    dtype = np.int8 if unit == "amx" else np.uint8
+    q = np.zeros((n_codes, n_groups * cols, n_k * step), dtype)
+    c = np.asarray(codes, np.int8).reshape(n_codes, m, dim)
+    q[:, :m, :dim] = c if unit == "amx" else (c.astype(np.int16) + 128).astype(np.uint8)
+    if unit == "amx":
+        # [level, group, column, k block, row, byte] -> [group, level, k block, row, column, byte]
+        q = q.reshape(n_codes, n_groups, cols, n_k, step // 4, 4).transpose(1, 0, 3, 4, 2, 5)
+    else:
+        # [level, group, column, 4-byte group, byte] -> [group, level, 4-byte group, column, byte]
+        q = q.reshape(n_codes, n_groups, cols, n_k, 4).transpose(1, 0, 3, 2, 4)
+    return Packed(unit, np.ascontiguousarray(q), n_groups, n_k)
 
 
-def docmax(packed: tuple[np.ndarray, int, int], n_codes: int, weights: np.ndarray, m: int,
+def docmax(packed: Packed, n_codes: int, weights: np.ndarray, m: int,
            vectors: np.ndarray, scales: np.ndarray | None, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """``float32 [n_docs, m]``: per document (rows ``starts[d]:ends[d]`` of ``vectors``, each
     non-empty) and query column ``i``, ``max_j s_j sum_l weights[l] <k_{l,i}, c_j>``.
 
     Args:
-        packed: :func:`pack_query`'s result.
+        packed: :func:`pack_query`'s result (its unit runs the scan).
         n_codes: code levels per query component (1-3).
         weights: ``float32 [n_codes]``, each level's weight (the first must be 1).
         m: query columns (tokens).
@@ -115,12 +172,11 @@ def docmax(packed: tuple[np.ndarray, int, int], n_codes: int, weights: np.ndarra
         scales: their ``float32 [n_rows]`` scales, or ``None`` (1).
         starts, ends: ``int64 [n_docs]`` each document's rows.
     """
-    lib = _library()
-    if lib is None:
-        raise RuntimeError("the AMX scan is not available here (amxscan.available() is False)")
-    q, n_groups, n_kb = packed
+    if not available(unit=packed.unit):
+        raise RuntimeError(f"the fused {packed.unit} scan is not available here")
+    fn = _library().ep_amx_docmax if packed.unit == "amx" else _library().ep_vnni_docmax
     if not vectors.flags.c_contiguous or vectors.dtype != np.int8:
-        raise ValueError("the AMX scan reads C-contiguous int8 codes")
+        raise ValueError("the fused scan reads C-contiguous int8 codes")
     starts = np.ascontiguousarray(starts, np.int64)
     ends = np.ascontiguousarray(ends, np.int64)
     w = np.ascontiguousarray(weights, np.float32)
@@ -129,11 +185,11 @@ def docmax(packed: tuple[np.ndarray, int, int], n_codes: int, weights: np.ndarra
     sc = None if scales is None else np.ascontiguousarray(scales, np.float32)
     if sc is not None and len(sc) != len(vectors):
         raise ValueError("one scale per row of codes")
-    out = np.empty((len(starts), n_groups * ROWS), np.float32)
+    out = np.empty((len(starts), packed.n_groups * _SHAPE[packed.unit][0]), np.float32)
     if len(starts):
-        rc = lib.ep_amx_docmax(vectors.ctypes.data, len(vectors), vectors.shape[1],
-                               None if sc is None else sc.ctypes.data, starts, ends, len(starts),
-                               q.ctypes.data, n_groups, n_codes, n_kb, w.ctypes.data, out.ctypes.data)
+        rc = fn(vectors.ctypes.data, len(vectors), vectors.shape[1], None if sc is None else sc.ctypes.data,
+                starts, ends, len(starts), packed.array.ctypes.data, packed.n_groups, n_codes, packed.n_k,
+                w.ctypes.data, out.ctypes.data)
         if rc != 0:
-            raise MemoryError("the AMX scan could not allocate its buffers")
+            raise MemoryError("the fused scan could not allocate its buffers")
     return out[:, :m]

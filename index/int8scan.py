@@ -17,8 +17,8 @@ scale per token. Where the CPU has int8 dot-product units (AVX-512 VNNI, AVX-VNN
    and the top k of those are returned.
 
 On AMX CPUs (``scan="amx"``) step 1 runs fused on the tiles (:mod:`index.amxscan`: the products
-never leave the tiles, each document's maxima are taken as they are made), with the same integers
-and the same bound. Elsewhere (no int8 units, float codes, no torch, a library whose int8
+never leave the tiles, each document's maxima are taken as they are made), on AVX-512 VNNI CPUs
+(``scan="vnni"``) fused on ``VPDPBUSD`` the same way, with the same integers and the same bound. Elsewhere (no int8 units, float codes, no torch, a library whose int8
 products are not exact on this CPU) it scores every document with the exact kernel: the portable
 path. The choice is per CPU and injectable (``scan=``).
 
@@ -87,8 +87,11 @@ MIN_SCAN_TOKENS = 16_384
 #: with one code first. The fused AMX scan is bound by reading the codes, not by the tiles: two
 #: codes cost it about what one does (88 vs 86 ms per query over 1 GB) and leave ~10 of 18,190
 #: near-tied synthetic documents instead of a third of them, so no second scan runs
-#: (bench/maxsim.py --codes-sweep: 90-92 ms for an exact top 10, against 126-134 with one code)
-SCAN_CODES = {"int8": (1, 2), "amx": (2, 3)}
+#: (bench/maxsim.py --codes-sweep: 90-92 ms for an exact top 10, against 126-134 with one code).
+#: The fused VNNI scan is bound by its multiply-adds (two codes cost 1.9x one), but one code
+#: leaves a third of those documents for a second scan: two codes first measured 130-133 ms
+#: against 143 with one (same sweep, on the AMX Xeon's VNNI units)
+SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (2, 3)}
 
 
 def _gamma(k: int) -> float:
@@ -213,8 +216,9 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
             (:func:`doc_norms`).
         n_codes: int8 codes per query component: 1, 2 (the rounding residual's codes too:
             twice the products, a bound 254x tighter) or 3.
-        engine: ``torch`` (oneDNN int8 products per chunk, per-document maxima in numpy) or
-            ``amx`` (:mod:`index.amxscan`: both fused on AMX tiles; the same values).
+        engine: ``torch`` (oneDNN int8 products per chunk, per-document maxima in numpy),
+            ``amx`` or ``vnni`` (:mod:`index.amxscan`: both fused, on AMX tiles or AVX-512 VNNI;
+            the same values).
     """
     q_all, q_starts = _stack_queries(queries)
     m, dim = q_all.shape
@@ -250,8 +254,8 @@ def scan_scores(q_all: np.ndarray, q_starts: np.ndarray, quant: tuple, vectors: 
         doc_max *= a[:, None]
         out[:, x:y] = np.add.reduceat(doc_max, q_starts, axis=0)
 
-    if engine == "amx":
-        packed = amxscan.pack_query(codes, n_codes)
+    if engine in amxscan.UNITS:
+        packed = amxscan.pack_query(codes, n_codes, engine)
         ends = rows.starts + rows.lens
 
         def scan_docs(span: tuple[int, int]) -> None:
@@ -287,15 +291,16 @@ def scan_scores(q_all: np.ndarray, q_starts: np.ndarray, quant: tuple, vectors: 
     return out
 
 
-def amx_maxsim(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.ndarray,
-               scales: np.ndarray | None, *, doc_idx: np.ndarray | None = None) -> np.ndarray:
-    """MaxSim of every query against every document (or ``doc_idx``) by the fused AMX scan with
-    three int8 codes per query component: the ``amx-int8x3`` kernel of
-    :func:`index.maxsim.maxsim_scores`, exact up to float32 rounding like ``mlas-int8x3``
-    (the query's error per component is at most ``a / (2 * 254**2)``)."""
+def fused_maxsim(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.ndarray,
+                 scales: np.ndarray | None, *, doc_idx: np.ndarray | None = None, unit: str = "amx") -> np.ndarray:
+    """MaxSim of every query against every document (or ``doc_idx``) by the fused scan on
+    ``unit`` (``amx`` or ``vnni``) with three int8 codes per query component: the
+    ``amx-int8x3`` / ``vnni-int8x3`` kernels of :func:`index.maxsim.maxsim_scores`, exact up to
+    float32 rounding like ``mlas-int8x3`` (the query's error per component is at most
+    ``a / (2 * 254**2)``)."""
     q_all, q_starts = _stack_queries(queries)
     return scan_scores(q_all, q_starts, quantized_queries(q_all, 3), vectors, offsets, scales,
-                       doc_idx=doc_idx, engine="amx")
+                       doc_idx=doc_idx, engine=unit)
 
 
 # ---------------------------------------------------------------------------- exact top k
@@ -372,7 +377,7 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
         tau = np.partition(lo, len(lo) - k)[len(lo) - k]  # the k-th largest lower bound
         return pos[ok[pos] & (p + b >= tau)]
 
-    engine = "amx" if path == "amx" else "torch"
+    engine = path if path in amxscan.UNITS else "torch"
     first, second = codes or SCAN_CODES[path]
     p1, b1 = bound_scan(queries, vectors, offsets, scales, norms, doc_idx=doc_idx, chunk_bytes=chunk_bytes,
                         n_codes=first, engine=engine)

@@ -22,25 +22,29 @@ tokens; ``maxsim_scores`` reduces it (max per document, sum per query). The kern
   each query component moves by up to ``s / 2``, so scores differ from float32 query math by the
   query's int8 rounding, at most ``sum_i s_i / 2 * max_j ||d_j||_1``. Opt-in.
 
-- ``amx-int8x3``: the int8 scan fused on AMX tiles (:mod:`index.amxscan`, a compiled module,
-  optional) with the query as three int8 codes per component, as ``mlas-int8x3``: products,
-  row scales and per-document maxima in one pass over the codes, no similarity block in memory.
-  Not a chunk kernel: :func:`index.maxsim.maxsim_scores` hands it the whole scan.
+- ``amx-int8x3`` / ``vnni-int8x3``: the int8 scan fused on AMX tiles / on AVX-512 VNNI
+  (:mod:`index.amxscan`, a compiled module, optional) with the query as three int8 codes per
+  component, as ``mlas-int8x3``: products, row scales and per-document maxima in one pass over
+  the codes, no similarity block in memory. Not chunk kernels: :func:`index.maxsim.maxsim_scores`
+  hands them the whole scan.
 
 ``auto`` (:func:`choose`): ``amx-int8x3`` for int8 codes on AMX CPUs where the module is built and
-the tile state granted; ``mlas-int8x3`` on other AMX CPUs; ``mlas-f32`` on every other
-AVX2 or AVX-512 CPU (on AVX2 int8 products are no faster than float32 FMAs, and VNNI alone does not
-pay for three query codes); ``numpy`` without AVX2 or without ONNX Runtime. Measured on AVX2 (AMD
-EPYC Zen 1) and AVX-512 VNNI/BF16 without AMX (Xeon); the AMX decision follows the instruction
-rates and is for ``bench/maxsim.py`` to confirm on such a machine (README "MaxSim kernels").
+the tile state granted; ``vnni-int8x3`` on other AVX-512 VNNI CPUs (AMX ones included) where the
+module is built (208 vs 498 ms for ``mlas-f32`` per query over 1 GB on the Xeon's VNNI units);
+``mlas-int8x3`` on AMX CPUs without the module; ``mlas-f32`` on every other AVX2 or AVX-512 CPU (on
+AVX2 int8 products are no faster than float32 FMAs, and VNNI through MLAS does not pay for three
+query codes); ``numpy`` without AVX2 or without ONNX Runtime. Measured on AVX2 (AMD EPYC Zen 1),
+AVX-512 VNNI/BF16 without AMX (Xeon) and AMX (Xeon) by ``bench/maxsim.py`` (README "MaxSim
+kernels").
 
 Exact *top-k* MaxSim (what ``exhaustive`` search and large candidate reranks ask for) has a
 second choice, :func:`choose_scan`: ``amx`` -- the int8 scan of :mod:`index.int8scan` fused on
-AMX tiles (:mod:`index.amxscan`) -- on AMX CPUs where the compiled module is built; ``int8`` --
+AMX tiles (:mod:`index.amxscan`) -- on AMX CPUs where the compiled module is built; ``vnni`` --
+the same scan fused on AVX-512 VNNI -- on other AVX-512 VNNI CPUs where it is built; ``int8`` --
 the same scan with torch's oneDNN int8 products, whose proven error bound lets it score only the
 documents that could be in the top k exactly -- on other CPUs with int8 dot-product units
-(AVX-512 VNNI, AVX-VNNI) where torch's int8 matmul is exact; ``exact`` (the kernel above on
-every document) elsewhere.
+(AVX-VNNI, or without the compiled module) where torch's int8 matmul is exact; ``exact`` (the
+kernel above on every document) elsewhere.
 
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
 decision by injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones
@@ -74,8 +78,10 @@ KERNELS: dict[str, str] = {
     "mlas-int8x3": "ONNX Runtime MatMulInteger on the int8 codes, query as three int8 codes per component",
     "mlas-int8": "ONNX Runtime MatMulInteger on the int8 codes, query as one int8 code per component",
     "amx-int8x3": "the int8 scan fused on AMX tiles (index/amxscan.py), query as three int8 codes per component",
+    "vnni-int8x3": "the int8 scan fused on AVX-512 VNNI (index/amxscan.py), query as three int8 codes per component",
 }
-INT8_KERNELS = {"mlas-int8x3": 3, "mlas-int8": 1, "amx-int8x3": 3}  # name -> int8 codes per query component
+INT8_KERNELS = {"mlas-int8x3": 3, "mlas-int8": 1, "amx-int8x3": 3, "vnni-int8x3": 3}  # name -> query codes
+FUSED_KERNELS = {"amx-int8x3": "amx", "vnni-int8x3": "vnni"}  # name -> the unit of index/amxscan.py
 _STEP = 254.0  # each further query code's step is 1/254 of the one before: |code| <= 127
 
 
@@ -94,7 +100,7 @@ def int8_units(flags: Iterable[str]) -> str | None:
 
 
 def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
-           onnxruntime: bool = True, amx_kernel: bool = False) -> tuple[str, str]:
+           onnxruntime: bool = True, amx_kernel: bool = False, vnni_kernel: bool = False) -> tuple[str, str]:
     """``(kernel, reason)`` for codes of ``precision`` on a CPU with ``flags``.
 
     Args:
@@ -104,12 +110,18 @@ def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
         onnxruntime: whether ONNX Runtime is installed.
         amx_kernel: whether the fused AMX scan is built and granted the tile state here
             (:func:`index.amxscan.available`).
+        vnni_kernel: whether the fused AVX-512 VNNI scan is built here (it runs where ``flags``
+            have AVX-512 VNNI).
     """
     f = frozenset(flags)
     if precision == "int8" and int8_units(f) == "amx" and amx_kernel:
         return "amx-int8x3", ("AMX int8 tiles and the fused scan built: products, scales and per-document maxima "
                               "in one pass over the codes, three int8 query codes (float32 query accuracy); "
                               "measured against mlas-int8x3 by bench/maxsim.py")
+    if precision == "int8" and vnni_kernel and _VNNI_FLAGS <= f:
+        return "vnni-int8x3", ("AVX-512 VNNI and the fused scan built: products, scales and per-document maxima in "
+                               "one pass over the codes, three int8 query codes (float32 query accuracy); "
+                               "measured against mlas-f32 by bench/maxsim.py")
     if not onnxruntime:
         return "numpy", "ONNX Runtime is not installed: the portable numpy/BLAS path"
     if "avx2" not in f and not capability.upper().startswith(("AVX2", "AVX512")):
@@ -136,27 +148,35 @@ def resolve(kernel: str, precision: str) -> str:
     """The kernel ``maxsim_scores`` runs for ``kernel`` (``auto`` or a name of :data:`KERNELS`)."""
     if kernel == "auto":
         cpu = cpu_features()
-        amx = precision == "int8" and int8_units(cpu.flags) == "amx" and _amx_available()
-        return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None, amx)[0]
+        amx = precision == "int8" and int8_units(cpu.flags) == "amx" and _fused_available("amx")
+        vnni = precision == "int8" and not amx and _fused_available("vnni")
+        return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None, amx, vnni)[0]
     if kernel not in KERNELS:
         raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}", param="kernel")
     if kernel in INT8_KERNELS and precision != "int8":
         raise InvalidError(f"MaxSim kernel {kernel!r} scores int8 codes, not {precision}", param="kernel")
-    if kernel == "amx-int8x3" and not _amx_available():
-        raise InvalidError("MaxSim kernel 'amx-int8x3' needs a CPU with AMX int8 and the compiled module "
+    unit = FUSED_KERNELS.get(kernel)
+    if unit and not _fused_available(unit):
+        raise InvalidError(f"MaxSim kernel {kernel!r} needs a CPU with {_UNIT_NAMES[unit]} and the compiled module "
                            "(embedpool.index._amxscan); use auto or another kernel", param="kernel")
     return kernel
 
 
-def _amx_available() -> bool:
+_UNIT_NAMES = {"amx": "AMX int8", "vnni": "AVX-512 VNNI"}
+_VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})
+
+
+def _fused_available(unit: str) -> bool:
     from . import amxscan
 
-    return amxscan.available()
+    return amxscan.available(unit=unit)
 
 
 SCANS: dict[str, str] = {
     "amx": "the int8 scan fused on AMX tiles (products, scales and per-document maxima in one pass: "
            "index/amxscan.py), then exact scores of the documents it cannot rule out",
+    "vnni": "the same scan fused on AVX-512 VNNI (VPDPBUSD; index/amxscan.py), then exact scores of the "
+            "documents it cannot rule out",
     "int8": "int8 scan with a proven error bound (oneDNN int8 through torch), then exact scores of the "
             "documents it cannot rule out (index/int8scan.py)",
     "exact": "the exact kernel on every document (portable)",
@@ -164,7 +184,7 @@ SCANS: dict[str, str] = {
 
 
 def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
-                amx_scan: bool = False) -> tuple[str, str]:
+                amx_scan: bool = False, vnni_scan: bool = False) -> tuple[str, str]:
     """``(scan, reason)`` of exact top-k MaxSim (:func:`index.int8scan.maxsim_topk`) for codes of
     ``precision`` on a CPU with ``flags``.
 
@@ -175,6 +195,8 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
             (:func:`index.int8scan.int8_matmul_is_exact`).
         amx_scan: whether the fused AMX scan is built and granted the tile state here
             (:func:`index.amxscan.available`; it is only asked on AMX CPUs).
+        vnni_scan: whether the fused AVX-512 VNNI scan is built here (it runs where ``flags``
+            have AVX-512 VNNI: :func:`index.amxscan.available` with ``unit="vnni"``).
     """
     units = int8_units(flags)
     if precision != "int8":
@@ -186,9 +208,13 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
         return "amx", ("AMX int8 tiles: the fused scan keeps the products in the tiles and takes the per-document "
                        "maxima as they are made, so the scan runs near the speed of reading the codes "
                        "(bench/maxsim.py)")
+    if vnni_scan and _VNNI_FLAGS <= frozenset(flags):
+        return "vnni", ("AVX-512 VNNI: the fused scan multiplies each code row, broadcast from the mapped codes, by "
+                        "32 query columns per VPDPBUSD pair and takes the per-document maxima in registers, with "
+                        "no product array in memory: ~4x faster than the library scan (bench/maxsim.py)")
     if not torch_int8:
         return "exact", f"{units}, but torch's int8 matmul is missing or not exact here (the exact kernel)"
-    why = "" if units != "amx" else " (the fused AMX scan is not built or not granted the tile state here)"
+    why = "" if units not in ("amx", "avx512_vnni") else " (the fused scan is not built or not usable here)"
     return "int8", (f"{units}: int8 dot products at 4x the float32 FMA rate; the int8 scan bounds every score, "
                     f"then the documents it cannot rule out are scored exactly (bench/maxsim.py){why}")
 
@@ -203,18 +229,16 @@ def resolve_scan(scan: str, precision: str) -> str:
         flags = cpu_features().flags
         units = int8_units(flags) if precision == "int8" else None
         amx_ok = units == "amx" and amxscan.available(flags)
-        torch_ok = units is not None and not amx_ok and int8_matmul_is_exact()
-        return choose_scan(precision, flags, torch_ok, amx_ok)[0]
+        vnni_ok = units is not None and not amx_ok and amxscan.available(flags, "vnni")
+        torch_ok = units is not None and not (amx_ok or vnni_ok) and int8_matmul_is_exact()
+        return choose_scan(precision, flags, torch_ok, amx_ok, vnni_ok)[0]
     if scan not in SCANS:
         raise InvalidError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}", param="scan")
-    if scan in ("int8", "amx") and precision != "int8":
+    if scan != "exact" and precision != "int8":
         raise InvalidError(f"the {scan} MaxSim scan reads int8 codes, not {precision}", param="scan")
-    if scan == "amx":
-        from . import amxscan
-
-        if not amxscan.available():
-            raise InvalidError("the amx MaxSim scan needs a CPU with AMX int8 and the compiled module "
-                               "(embedpool.index._amxscan); use auto, int8 or exact", param="scan")
+    if scan in _UNIT_NAMES and not _fused_available(scan):
+        raise InvalidError(f"the {scan} MaxSim scan needs a CPU with {_UNIT_NAMES[scan]} and the compiled module "
+                           "(embedpool.index._amxscan); use auto, int8 or exact", param="scan")
     return scan
 
 

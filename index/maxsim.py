@@ -141,10 +141,10 @@ def maxsim_scores(
     out = np.empty((len(queries), n_docs), dtype=np.float32)
     if n_docs == 0:
         return out
-    if name == "amx-int8x3":  # fused: no chunk loop (index/amxscan.py)
-        from .int8scan import amx_maxsim
+    if name in kernels.FUSED_KERNELS:  # fused: no chunk loop (index/amxscan.py)
+        from .int8scan import fused_maxsim
 
-        return amx_maxsim(queries, vectors, offsets, scales, doc_idx=doc_idx)
+        return fused_maxsim(queries, vectors, offsets, scales, doc_idx=doc_idx, unit=kernels.FUSED_KERNELS[name])
     prep = name(q_all, vectors.dtype) if callable(name) else kernels.prepare(name, q_all, vectors.dtype)
     local = rows.local  # token offsets of the scored docs, end to end
     # chunks within the working-set bound, and at least one per worker where there are enough tokens

@@ -112,8 +112,9 @@ from embedpool.index import amxscan, kernels  # noqa: E402
 # ONNX Runtime is a core dependency (pyproject.toml): every kernel runs here, and a missing
 # onnxruntime fails these tests instead of shrinking the lists
 FLOAT_KERNELS = ["numpy", "mlas-f32"]
-# the fused AMX kernel where it runs (an AMX CPU, the compiled module)
-INT8_KERNELS = ["mlas-int8x3", "mlas-int8"] + (["amx-int8x3"] if amxscan.available() else [])
+# the fused AMX / AVX-512 VNNI kernels where they run (the CPU's unit, the compiled module)
+FUSED_UNITS = [u for u in amxscan.UNITS if amxscan.available(unit=u)]
+INT8_KERNELS = ["mlas-int8x3", "mlas-int8"] + [k for k, u in kernels.FUSED_KERNELS.items() if u in FUSED_UNITS]
 
 ZEN1_FLAGS = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni").split()
 CASCADE_LAKE_FLAGS = ZEN1_FLAGS + "avx512f avx512dq avx512bw avx512vl avx512cd avx512_vnni".split()
@@ -217,8 +218,9 @@ def test_kernel_equals_naive_on_real_token_vectors(real_tokens, kernel, precisio
 def test_auto_kernel_is_the_choice_for_this_cpu(rng):
     flags, capability = cpu_features().flags, cpu_features().capability
     amx = kernels.int8_units(flags) == "amx" and amxscan.available()
+    vnni = not amx and amxscan.available(unit="vnni")
     for precision in ("float32", "float16", "int8"):
-        want = kernels.choose(precision, flags, capability, onnxruntime=True, amx_kernel=amx)[0]
+        want = kernels.choose(precision, flags, capability, onnxruntime=True, amx_kernel=amx, vnni_kernel=vnni)[0]
         assert kernels.resolve("auto", precision) == want
     docs = rand_docs(rng, 10, 16)
     vecs, offs = _pack(docs)
@@ -243,8 +245,14 @@ def test_kernel_choice_per_cpu(flags, capability, int8, floats):
     # the fused AMX kernel on AMX CPUs where it is built; nothing else changes
     amx = "amx-int8x3" if flags is SAPPHIRE_RAPIDS_FLAGS else int8
     assert kernels.choose("int8", flags, capability, amx_kernel=True)[0] == amx
+    # the fused VNNI kernel on AVX-512 VNNI CPUs where it is built (AMX CPUs have it too), the
+    # AMX one first; AVX-VNNI (256-bit) and CPUs without VNNI keep theirs
+    vnni = "vnni-int8x3" if flags in (CASCADE_LAKE_FLAGS, SAPPHIRE_RAPIDS_FLAGS) else int8
+    assert kernels.choose("int8", flags, capability, vnni_kernel=True)[0] == vnni
+    assert kernels.choose("int8", flags, capability, amx_kernel=True, vnni_kernel=True)[0] == \
+        (amx if amx == "amx-int8x3" else vnni)
     for precision in ("float16", "float32"):
-        assert kernels.choose(precision, flags, capability, amx_kernel=True)[0] == floats
+        assert kernels.choose(precision, flags, capability, amx_kernel=True, vnni_kernel=True)[0] == floats
     for precision in ("float16", "float32"):
         assert kernels.choose(precision, flags, capability)[0] == floats
     for precision in ("int8", "float16", "float32"):  # without ONNX Runtime: the portable path
@@ -285,8 +293,8 @@ def test_unknown_or_mismatched_kernel_is_refused(rng):
 
 from embedpool.index import int8scan  # noqa: E402
 
-SCANS = (["amx"] if amxscan.available() else []) + (["int8"] if int8scan.int8_matmul_is_exact() else []) + ["exact"]
-ENGINES = (["amx"] if amxscan.available() else []) + (["torch"] if int8scan.int8_matmul_is_exact() else [])
+SCANS = FUSED_UNITS + (["int8"] if int8scan.int8_matmul_is_exact() else []) + ["exact"]
+ENGINES = FUSED_UNITS + (["torch"] if int8scan.int8_matmul_is_exact() else [])
 
 
 def _naive_topk(queries, stored, offs, k, doc_idx=None, live=None, gap=1e-4):
@@ -405,7 +413,7 @@ def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second
         np.testing.assert_allclose(gs[pos.index(orig)], gs[pos.index(dup)], rtol=1e-6)
 
 
-@pytest.mark.skipif(not ENGINES, reason="neither torch's int8 matmul nor the AMX scan runs here")
+@pytest.mark.skipif(not ENGINES, reason="neither torch's int8 matmul nor a fused scan runs here")
 @pytest.mark.parametrize("engine", ENGINES)
 def test_bound_holds_and_is_tight_enough(rng, engine):
     """|exact - scan| <= B for every (query, document), B shrinks 254x with each further code of
@@ -470,15 +478,23 @@ def test_scan_choice_per_cpu(flags, int8):
     assert kernels.choose_scan("int8", flags, amx_scan=True)[0] == amx
     assert kernels.choose_scan("int8", flags, torch_int8=False, amx_scan=True)[0] == \
         ("amx" if amx == "amx" else "exact")
+    # the scan fused on AVX-512 VNNI where it is built: AVX-512 VNNI CPUs, and AMX CPUs whose
+    # tiles are not granted; AVX-VNNI (256-bit) keeps the library scan
+    vnni = "vnni" if flags in (CASCADE_LAKE_FLAGS, SAPPHIRE_RAPIDS_FLAGS) else int8
+    assert kernels.choose_scan("int8", flags, vnni_scan=True)[0] == vnni
+    assert kernels.choose_scan("int8", flags, torch_int8=False, vnni_scan=True)[0] == \
+        (vnni if vnni == "vnni" else "exact")
+    assert kernels.choose_scan("int8", flags, amx_scan=True, vnni_scan=True)[0] == (amx if amx == "amx" else vnni)
     for precision in ("float16", "float32"):
         assert kernels.choose_scan(precision, flags)[0] == "exact"
-        assert kernels.choose_scan(precision, flags, amx_scan=True)[0] == "exact"
+        assert kernels.choose_scan(precision, flags, amx_scan=True, vnni_scan=True)[0] == "exact"
 
 
 def test_auto_scan_is_the_choice_for_this_cpu(rng):
     flags = cpu_features().flags
     amx = kernels.int8_units(flags) == "amx" and amxscan.available()
-    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), amx)[0]
+    vnni = not amx and amxscan.available(unit="vnni")
+    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact() and not (amx or vnni), amx, vnni)[0]
     assert kernels.resolve_scan("auto", "int8") == want
     docs = rand_docs(rng, 400, 32, lo=40, hi=60)  # above MIN_SCAN_TOKENS
     vecs, offs = _pack(docs)
@@ -489,11 +505,13 @@ def test_auto_scan_is_the_choice_for_this_cpu(rng):
 
 
 # ---------------------------------------------------------------------------- the fused AMX scan
-@pytest.mark.skipif(not amxscan.available(), reason="no AMX int8 here, or the module is not built")
-@pytest.mark.parametrize("dim", [384, 100, 64, 8])
+@pytest.mark.skipif(not FUSED_UNITS, reason="no AMX int8 or AVX-512 VNNI here, or the module is not built")
+@pytest.mark.parametrize("unit", FUSED_UNITS)
+@pytest.mark.parametrize("dim", [384, 100, 64, 8, 130])
 @pytest.mark.parametrize("n_codes", [1, 2, 3])
-def test_amx_docmax_equals_the_integer_reference(rng, dim, n_codes):
-    """amxscan.docmax against an int64 matrix product of the same codes (written here: the
+def test_fused_docmax_equals_the_integer_reference(rng, unit, dim, n_codes):
+    """amxscan.docmax on each unit (AMX tiles; AVX-512 VNNI, whose unsigned-query trick and row
+    sums must cancel exactly, -128 codes included) against an int64 matrix product of the same codes (written here: the
     definition, not the kernel's loop): per document and query column, the largest scaled sum of
     the levels' products. Documents of 1-70 rows (16-row blocks cross documents), the rows up to
     the array's last one (its zero-padded copy), subsets with gaps and out of order, dims that
@@ -507,7 +525,7 @@ def test_amx_docmax_equals_the_integer_reference(rng, dim, n_codes):
     w = (np.float32(1) / np.float32(254) ** np.arange(n_codes)).astype(np.float32)
     prod = (qc.astype(np.int64) @ codes.astype(np.int64).T).reshape(n_codes, 37, len(codes))
     val = sum(prod[lv].astype(np.float64) * float(w[lv]) for lv in range(n_codes)) * scales[None, :]
-    packed = amxscan.pack_query(qc, n_codes)
+    packed = amxscan.pack_query(qc, n_codes, unit)
     for idx in (np.arange(120), np.array([119, 3, 4, 5, 60, 0, 118, 7])):
         got = amxscan.docmax(packed, n_codes, w, 37, codes, scales, offs[idx], offs[idx + 1])
         want = np.stack([val[:, offs[j]:offs[j + 1]].max(axis=1) for j in idx])
@@ -515,9 +533,10 @@ def test_amx_docmax_equals_the_integer_reference(rng, dim, n_codes):
         np.testing.assert_allclose(got, want, rtol=3e-7 * n_codes, atol=0)
 
 
-@pytest.mark.skipif(not (amxscan.available() and int8scan.int8_matmul_is_exact()),
-                    reason="needs both the AMX scan and torch's exact int8 matmul")
-def test_amx_scan_gives_the_library_scans_values(rng):
+@pytest.mark.skipif(not (FUSED_UNITS and int8scan.int8_matmul_is_exact()),
+                    reason="needs a fused scan and torch's exact int8 matmul")
+@pytest.mark.parametrize("unit", FUSED_UNITS)
+def test_fused_scan_gives_the_library_scans_values(rng, unit):
     """The two engines of bound_scan compute the same scores (the same integers; float32 roundings
     in another order) and the same bounds."""
     docs = [d * rng.uniform(0.5, 3.0) for d in rand_docs(rng, 300, 96, lo=1, hi=50)]
@@ -530,8 +549,26 @@ def test_amx_scan_gives_the_library_scans_values(rng):
         for doc_idx in (None, idx):
             nd = norms if doc_idx is None else norms[doc_idx]
             pa, ba = int8scan.bound_scan(queries, codes, offs, scales, nd, doc_idx=doc_idx, n_codes=n_codes,
-                                         engine="amx")
+                                         engine=unit)
             pt, bt = int8scan.bound_scan(queries, codes, offs, scales, nd, doc_idx=doc_idx, n_codes=n_codes,
                                          chunk_bytes=5_000)
             np.testing.assert_allclose(pa, pt, rtol=2e-6, atol=1e-6)
             np.testing.assert_array_equal(ba, bt)
+
+
+def test_fused_units_follow_the_flags():
+    """Each fused scan runs only where its unit is in the flags (injected): AVX-512 VNNI with
+    BW/DQ/VL for ``vnni``, AMX int8 for ``amx``; a scan asked for by name where it cannot run is
+    refused with a message naming the unit."""
+    built = amxscan.built()
+    assert not amxscan.available(ZEN1_FLAGS, "vnni") and not amxscan.available(ALDER_LAKE_FLAGS, "vnni")
+    assert not amxscan.available(ZEN1_FLAGS + ["avx512f", "avx512_vnni"], "vnni")
+    assert not amxscan.available(CASCADE_LAKE_FLAGS, "amx")
+    if built and "avx512_vnni" in cpu_features().flags:
+        assert amxscan.available(CASCADE_LAKE_FLAGS, "vnni") and amxscan.available(SAPPHIRE_RAPIDS_FLAGS, "vnni")
+    for unit in amxscan.UNITS:
+        if not amxscan.available(unit=unit):
+            with pytest.raises(InvalidError, match="compiled module"):
+                kernels.resolve_scan(unit, "int8")
+        with pytest.raises(InvalidError, match="int8 codes"):
+            kernels.resolve_scan(unit, "float16")
