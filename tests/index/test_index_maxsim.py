@@ -533,6 +533,22 @@ def test_fused_docmax_equals_the_integer_reference(rng, unit, dim, n_codes):
         np.testing.assert_allclose(got, want, rtol=3e-7 * n_codes, atol=0)
 
 
+@pytest.mark.skipif(len(FUSED_UNITS) < 2, reason="needs both fused units (an AMX CPU has VNNI too)")
+def test_the_two_fused_units_give_the_same_maxima(rng):
+    """VNNI's shifted query and row-sum correction give TDPBSSD's integers exactly, and both
+    combine, scale and take maxima in the same float32 order: the maxima are bitwise equal."""
+    lens = rng.integers(1, 90, 150)
+    offs = np.concatenate([[0], np.cumsum(lens)])
+    codes = rng.integers(-128, 128, (int(offs[-1]), 384), dtype=np.int8)
+    scales = rng.uniform(1e-3, 2e-2, len(codes)).astype(np.float32)
+    for n_codes in (1, 2, 3):
+        qc, _, _, _ = int8scan.quantized_queries(rng.normal(size=(45, 384)).astype(np.float32), n_codes)
+        w = (np.float32(1) / np.float32(254) ** np.arange(n_codes)).astype(np.float32)
+        got = [amxscan.docmax(amxscan.pack_query(qc, n_codes, u), n_codes, w, 45, codes, scales, offs[:-1], offs[1:])
+               for u in FUSED_UNITS]
+        np.testing.assert_array_equal(got[0], got[1])
+
+
 @pytest.mark.skipif(not (FUSED_UNITS and int8scan.int8_matmul_is_exact()),
                     reason="needs a fused scan and torch's exact int8 matmul")
 @pytest.mark.parametrize("unit", FUSED_UNITS)
