@@ -18,9 +18,9 @@ scale per token. Where the CPU has int8 dot-product units (AVX-512 VNNI, AVX-VNN
 
 On AMX CPUs (``scan="amx"``) step 1 runs fused on the tiles (:mod:`index.amxscan`: the products
 never leave the tiles, each document's maxima are taken as they are made), on AVX-512 VNNI CPUs
-(``scan="vnni"``) fused on ``VPDPBUSD`` the same way, with the same integers and the same bound. Elsewhere (no int8 units, float codes, no torch, a library whose int8
-products are not exact on this CPU) it scores every document with the exact kernel: the portable
-path. The choice is per CPU and injectable (``scan=``).
+(``scan="vnni"``) fused on ``VPDPBUSD`` the same way, with the same integers and the same bound.
+Elsewhere (no int8 units, float codes, no torch, a library whose int8 products are not exact on
+this CPU) it scores every document with the exact kernel: the portable path. The choice is per CPU and injectable (``scan=``).
 
 **The bound.** Notation: query tokens ``q_i`` (float32, ``i = 1..m``), stored document tokens
 ``d_j = s_j c_j`` (``c_j`` int8 codes, ``s_j > 0`` their float32 scale), dimension ``n``,

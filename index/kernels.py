@@ -30,7 +30,7 @@ tokens; ``maxsim_scores`` reduces it (max per document, sum per query). The kern
 
 ``auto`` (:func:`choose`): ``amx-int8x3`` for int8 codes on AMX CPUs where the module is built and
 the tile state granted; ``vnni-int8x3`` on other AVX-512 VNNI CPUs (AMX ones included) where the
-module is built (208 vs 498 ms for ``mlas-f32`` per query over 1 GB on the Xeon's VNNI units);
+module is built (178–193 vs 476–483 ms for ``mlas-f32`` per query over 1 GB on the AMX Xeon's VNNI units);
 ``mlas-int8x3`` on AMX CPUs without the module; ``mlas-f32`` on every other AVX2 or AVX-512 CPU (on
 AVX2 int8 products are no faster than float32 FMAs, and VNNI through MLAS does not pay for three
 query codes); ``numpy`` without AVX2 or without ONNX Runtime. Measured on AVX2 (AMD EPYC Zen 1),
@@ -211,7 +211,8 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
     if vnni_scan and _VNNI_FLAGS <= frozenset(flags):
         return "vnni", ("AVX-512 VNNI: the fused scan multiplies each code row, broadcast from the mapped codes, by "
                         "32 query columns per VPDPBUSD pair and takes the per-document maxima in registers, with "
-                        "no product array in memory: ~4x faster than the library scan (bench/maxsim.py)")
+                        "no product array in memory: an exact top 10 3.2-3.7x faster than through the library "
+                        "scan (bench/maxsim.py)")
     if not torch_int8:
         return "exact", f"{units}, but torch's int8 matmul is missing or not exact here (the exact kernel)"
     why = "" if units not in ("amx", "avx512_vnni") else " (the fused scan is not built or not usable here)"
