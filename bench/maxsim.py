@@ -222,7 +222,7 @@ def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarr
     norms = int8scan.doc_norms(codes, offs, scales)
     norms_s = time.perf_counter() - t
     flags = cpu_features().flags
-    units = [u for u in amxscan.UNITS if amxscan.available(flags, u)]  # the fused scans that run here
+    units = amxscan.runnable_units(flags)
     scan = kernels.resolve_scan("auto", "int8")
     why = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), "amx" in units, "vnni" in units)[1]
     print(f"scan for int8 top-k: {scan} -- {why}; document norms (once per segment) in {norms_s:.2f} s; "
@@ -464,7 +464,7 @@ def run(args) -> dict:
         docs, queries = real_tokens(args.real_docs, 32)
         # every fused scan that runs here, else the library's
         real_topk = {u: topk_on_real(docs, queries, u)
-                     for u in [u for u in amxscan.UNITS if amxscan.available(unit=u)] or ["int8"]}
+                     for u in amxscan.runnable_units() or ["int8"]}
         cases = {"today's kernel": ("int8", before_maxsim)}
         for p in ("int8", "float16"):
             for k in runnable_kernels():

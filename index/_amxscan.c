@@ -240,8 +240,9 @@ VTARGET int ep_vnni_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, con
                 a = pad;
                 stride = kpad;
             }
-            /* prefetching is a hint: an address past the codes does not fault */
-            const char *pf = (const char *)(codes + (r + PF * VR) * dim);
+            /* prefetching is a hint (past the last blocks it re-reads the first ones) */
+            const int64_t ahead = (r + PF * VR) * dim;
+            const char *pf = (const char *)(codes + (ahead + VR * kpad <= total ? ahead : 0));
             for (int t = 0; t < VR; t++) { /* each row's sum of codes (ones x codes), its scale */
                 __m512i sum = zero;
                 const int8_t *p = a + t * stride;

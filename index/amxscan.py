@@ -67,7 +67,7 @@ from embedpool.cpu import cpu_features
 #: (AMX: a tile's 16 columns; VNNI: two 16-lane vectors) and components per step of the
 #: product (AMX: a tile row's 64 bytes; VNNI: one 4-byte group)
 UNITS = ("amx", "vnni")
-_FLAGS = {"amx": frozenset({"amx_tile", "amx_int8"}),
+UNIT_FLAGS = {"amx": frozenset({"amx_tile", "amx_int8"}),
           "vnni": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})}
 _SHAPE = {"amx": (16, 64), "vnni": (32, 4)}
 
@@ -129,9 +129,14 @@ def available(flags=None, unit: str = "amx") -> bool:
     """Whether the fused scan on ``unit`` can run here: the unit's features in ``flags`` (the
     CPU's by default), the module built and, for AMX, the tile state granted."""
     f = frozenset(cpu_features().flags if flags is None else flags)
-    if not _FLAGS[unit] <= f or _library() is None:
+    if not UNIT_FLAGS[unit] <= f or _library() is None:
         return False
     return unit != "amx" or _tiles_granted()
+
+
+def runnable_units(flags=None) -> list[str]:
+    """The fused scans that can run here (:func:`available` per unit)."""
+    return [u for u in UNITS if available(flags, u)]
 
 
 def pack_query(codes: np.ndarray, n_codes: int, unit: str = "amx") -> Packed:

@@ -72,6 +72,8 @@ import numpy as np
 from embedpool.cpu import cpu_features
 from embedpool.errors import InvalidError
 
+from .amxscan import UNIT_FLAGS
+
 KERNELS: dict[str, str] = {
     "numpy": "float32 conversion into a reused buffer + BLAS sgemm (portable)",
     "mlas-f32": "ONNX Runtime: cast to float32 per chunk + MLAS sgemm, chunks on worker threads",
@@ -118,7 +120,7 @@ def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
         return "amx-int8x3", ("AMX int8 tiles and the fused scan built: products, scales and per-document maxima "
                               "in one pass over the codes, three int8 query codes (float32 query accuracy); "
                               "measured against mlas-int8x3 by bench/maxsim.py")
-    if precision == "int8" and vnni_kernel and _VNNI_FLAGS <= f:
+    if precision == "int8" and vnni_kernel and UNIT_FLAGS["vnni"] <= f:
         return "vnni-int8x3", ("AVX-512 VNNI and the fused scan built: products, scales and per-document maxima in "
                                "one pass over the codes, three int8 query codes (float32 query accuracy); "
                                "measured against mlas-f32 by bench/maxsim.py")
@@ -163,7 +165,6 @@ def resolve(kernel: str, precision: str) -> str:
 
 
 _UNIT_NAMES = {"amx": "AMX int8", "vnni": "AVX-512 VNNI"}
-_VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})
 
 
 def _fused_available(unit: str) -> bool:
@@ -208,7 +209,7 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
         return "amx", ("AMX int8 tiles: the fused scan keeps the products in the tiles and takes the per-document "
                        "maxima as they are made, so the scan runs near the speed of reading the codes "
                        "(bench/maxsim.py)")
-    if vnni_scan and _VNNI_FLAGS <= frozenset(flags):
+    if vnni_scan and UNIT_FLAGS["vnni"] <= frozenset(flags):
         return "vnni", ("AVX-512 VNNI: the fused scan multiplies each code row, broadcast from the mapped codes, by "
                         "32 query columns per VPDPBUSD pair and takes the per-document maxima in registers, with "
                         "no product array in memory: an exact top 10 3.2-3.7x faster than through the library "

@@ -113,7 +113,7 @@ from embedpool.index import amxscan, kernels  # noqa: E402
 # onnxruntime fails these tests instead of shrinking the lists
 FLOAT_KERNELS = ["numpy", "mlas-f32"]
 # the fused AMX / AVX-512 VNNI kernels where they run (the CPU's unit, the compiled module)
-FUSED_UNITS = [u for u in amxscan.UNITS if amxscan.available(unit=u)]
+FUSED_UNITS = amxscan.runnable_units()
 INT8_KERNELS = ["mlas-int8x3", "mlas-int8"] + [k for k, u in kernels.FUSED_KERNELS.items() if u in FUSED_UNITS]
 
 ZEN1_FLAGS = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni").split()
