@@ -5,6 +5,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Both stages carry this label so that deploy/podman-image.sh can remove, after a build, the images
+# it leaves untagged (this build stage, an image the new one replaced) and nothing else.
+LABEL io.embedpool.part=build
 # CPU-only torch wheels (a plain `pip install torch` on Linux pulls the CUDA build). TORCH_WHEELS
 # names a folder holding the CPU wheel, mounted into the build, to use instead of that index
 # (`make image` does this where the index is not reachable; torch's own dependencies still come
@@ -58,6 +61,7 @@ RUN site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])
     && embedpool embed "The image compiles what it imports." > /dev/null
 
 FROM ${PYTHON_IMAGE}
+LABEL io.embedpool.part=image
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \

@@ -11,7 +11,10 @@
 #      local; <recipe> is a hash of deploy/podman-lib.sh's make_base and its package set, so a
 #      changed recipe builds a new base instead of reusing an old one;
 #   3. `podman build` with this machine's pip configuration (its CA bundle, its local wheel and
-#      index folders) mounted at build time only -- nothing of it is copied into the image.
+#      index folders) mounted at build time only -- nothing of it is copied into the image;
+#   4. the images that build leaves untagged and labelled io.embedpool.part (its build stage,
+#      2.7-3.2 GB; an image of the same tag it replaced) removed: on a machine that builds at every
+#      CI run they filled the disk (a build then failed with "no space left on device").
 # Environment: IMAGE (default localhost/embedpool:latest), EXTRAS (pyproject extras, e.g. ray),
 # PYTHON_IMAGE, TORCH_VERSION, PODMAN_STORE (an image store of its own: deploy/podman-lib.sh).
 set -euo pipefail
@@ -25,6 +28,18 @@ BASE=${PYTHON_IMAGE:-$OWN_BASE}
 TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^TORCH *:= *torch==//p' Makefile)}
 
 ensure_engine
+
+# A build writes ~5 GB into the image store (the build stage with torch, the image, the layers'
+# copies while they are committed): refuse early, saying so, rather than fail half-way.
+NEED_GB=${NEED_GB:-6}
+store_dir=$(podman_ info --format '{{.Store.GraphRoot}}')
+mkdir -p "$store_dir"
+free_gb=$(df -P -BG "$store_dir" | awk 'NR == 2 {sub("G", "", $4); print $4}')
+if [ "$free_gb" -lt "$NEED_GB" ]; then
+    echo "only ${free_gb} GB free under $store_dir; an image build needs ${NEED_GB} GB." >&2
+    echo "Free space (e.g. 'podman image prune', old images in 'podman images') and run again." >&2
+    exit 2
+fi
 
 if ! podman_ image exists "$BASE"; then
     if [ "$BASE" != "$OWN_BASE" ]; then
@@ -76,3 +91,4 @@ args=(--build-arg "PYTHON_IMAGE=$BASE" --build-arg "TORCH_VERSION=$TORCH_VERSION
 echo "building $IMAGE${EXTRAS:+ with extras $EXTRAS} from $BASE (torch $TORCH_VERSION${wheels:+ from the local wheel folder})"
 podman_ build --format docker --network host "${mounts[@]}" "${args[@]}" -t "$IMAGE" -f Dockerfile .
 podman_ image inspect "$IMAGE" --format 'built {{.Id}} size {{.Size}} bytes'
+podman_ image prune --force --filter label=io.embedpool.part | sed 's/^/removed untagged /'

@@ -74,3 +74,29 @@ def test_the_image_built_there_embeds(scratch):
     assert r.returncode == 0, r.stdout + r.stderr
     vec = json.loads(r.stdout.splitlines()[-1])["embedding"]
     assert len(vec) == 384 and abs(sum(x * x for x in vec) - 1) < 1e-3
+
+
+def test_the_build_leaves_no_untagged_images_of_its_own(scratch):
+    """The build stage (2.7 GB with torch) and any image the new one replaced are removed after the
+    build: a CI that builds at every run on the same machine filled its disk with them."""
+    store, _, log = scratch
+    left = _in_store(store, "podman_ images --all --filter dangling=true --filter label=io.embedpool.part "
+                            "--format '{{.ID}} {{.Size}}'", 120)
+    assert left.returncode == 0 and left.stdout.strip() == "", left.stdout + left.stderr
+    assert "removed untagged" in log
+
+
+def test_a_store_without_room_is_refused_before_building(tmp_path_factory):
+    """Less free space than a build needs: a message that says so and what to do, exit 2, and nothing
+    built (not a failure half-way through pip)."""
+    store = tmp_path_factory.mktemp("full-store")  # short: podman refuses a runroot over 50 characters
+    r = subprocess.run([str(ROOT / "deploy" / "podman-image.sh")], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PODMAN_STORE": str(store), "IMAGE": IMAGE, "NEED_GB": "1000000"},
+                       timeout=300)
+    try:
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "an image build needs 1000000 GB" in r.stderr and "podman image prune" in r.stderr, r.stderr
+        assert "building" not in r.stdout
+    finally:
+        _in_store(store, "podman_ rmi --all --force", 120)
+        subprocess.run(["rm", "-rf", str(store)], check=False)
