@@ -28,6 +28,7 @@ import torch
 
 from embedpool.errors import InvalidError
 from embedpool.precisions import ENCODER_PRECISIONS  # auto, fp32, bf16, ...
+from embedpool.poolers import packing, runtimes
 from embedpool.poolers.stack import ModelStack, is_causal, local_snapshot, special_template
 from embedpool.poolers.states import TokenStates
 
@@ -231,7 +232,10 @@ class FrozenEncoder:
         hidden_size: the size of the token states the poolers get.
         pooling_mode: the pooler spec ``auto`` means for this model (:func:`auto_spec`).
         template: the special tokens the tokenizer puts around a text.
+        pack_tokens: the forward row short rows share (:mod:`poolers.packing`); 0 = never pack.
     """
+
+    pack_tokens: int = packing.PACK_TOKENS
 
     def __init__(
         self,
@@ -577,6 +581,14 @@ class FrozenEncoder:
         return [len(ids) for ids in enc["input_ids"]]
 
     # ------------------------------------------------------------------ forward
+    def _packs(self) -> bool:
+        """Whether this forward may pack short rows together: ``pack_tokens`` set, a model
+        :func:`runtimes.packable` and a path that takes the 4D mask (the transformers model
+        itself, or a path saying so). CPU only: where the per-row cost was measured."""
+        fn = self._forward_fn
+        return bool(self.pack_tokens) and self.device.type == "cpu" and runtimes.packable(self.model) and (
+            fn is self.model or bool(getattr(fn, "mask_4d", False)))
+
     def _forward(self, rows: list[_Row], all_layers: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``(hidden, attention_mask, layers, input_ids)`` of ``rows``, right-padded."""
@@ -589,13 +601,17 @@ class FrozenEncoder:
             mask[i, : len(r.ids)] = torch.from_numpy(r.attention())
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.precision == "bf16" else nullcontext())
+        # short rows share forward rows where the model and path allow it (poolers/packing.py)
+        packed = packing.pack(ids, mask, [len(r.ids) for r in rows], self.pad_id, self.pack_tokens,
+                              self.max_batch_tokens) if self._packs() else None
+        feed = packed.inputs() if packed else {"input_ids": ids, "attention_mask": mask}
+        feed = {k: v.to(self.device) for k, v in feed.items()}
         with torch.inference_mode(), autocast:
             # every path returns every hidden layer from this one forward when asked (the
             # OpenVINO graphs carry them as outputs: poolers/runtimes.py)
             out = self._forward_fn(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                token_type_ids=torch.zeros_like(ids).to(self.device) if self._token_types else None,
+                **feed,
+                token_type_ids=torch.zeros_like(feed["input_ids"]) if self._token_types else None,
                 output_hidden_states=all_layers,
             )
         hidden = out.last_hidden_state.float()
@@ -606,6 +622,9 @@ class FrozenEncoder:
             stacked = getattr(out, "stacked", None)
             layers = stacked if stacked is not None and stacked[-1].data_ptr() == hidden.data_ptr() else \
                 torch.stack([*(h.float() for h in out.hidden_states[:-1]), hidden])
+        if packed is not None:
+            layers = packed.unpack(layers) if layers is not None else None
+            hidden = layers[-1] if layers is not None else packed.unpack(hidden)
         self.stats.forward_calls += 1
         self.stats.tokens += int(mask.sum())
         self.stats.forward_seconds += time.perf_counter() - t0

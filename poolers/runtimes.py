@@ -7,7 +7,9 @@ Every path is a callable with the transformers forward's keywords (``input_ids``
 returns an object with ``last_hidden_state`` (``[B, T, D]``, float32 torch tensor) and, when
 ``output_hidden_states`` is asked for, ``hidden_states`` (every layer's ``[B, T, D]``, the
 embeddings first and ``last_hidden_state`` last, as transformers gives them), so
-:class:`FrozenEncoder` runs them all the same way. The OpenVINO graphs carry every hidden layer
+:class:`FrozenEncoder` runs them all the same way. For models where :func:`packable` holds, every
+path also takes transformers' 4D boolean ``attention_mask`` (``[B, 1, T, T]``, True = may attend)
+and ``position_ids``: what lets several short rows share one forward row (the encoder's packing). The OpenVINO graphs carry every hidden layer
 as an output of the one converted model; the last-layer-only view compiled from it is what
 runs when no layer is asked for. Graphs are converted from the already loaded transformers model (nothing is
 downloaded) and cached on disk under ``$EMBEDPOOL_CACHE_DIR`` (default ``~/.cache/embedpool``),
@@ -152,18 +154,38 @@ def has_token_types(tokenizer) -> bool:
     return "token_type_ids" in tokenizer.model_input_names
 
 
+def packable(model) -> bool:
+    """Whether several rows may share one forward row of ``model``: a BERT encoder with absolute
+    positions (its ``position_ids`` count from 0 in each row, and transformers takes a 4D mask
+    as given), so a block-diagonal 4D mask and positions that restart per row give every row the
+    states it has alone. Other architectures (RoBERTa's positions start after the padding index,
+    ModernBERT unpads itself, decoders add a causal mask) are not packed."""
+    cfg = getattr(model, "config", None)
+    return (getattr(cfg, "model_type", None) == "bert" and not getattr(cfg, "is_decoder", False)
+            and getattr(cfg, "position_embedding_type", "absolute") == "absolute")
+
+
+def key_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
+    """transformers' 2D key mask ``[B, T]`` as the 4D boolean mask ``[B, 1, T, T]`` it stands for."""
+    keys = attention_mask.bool()[:, None, None, :]
+    return keys.expand(-1, 1, attention_mask.shape[1], -1)
+
+
 class TorchForward:
     """The transformers model itself, optionally under bf16 autocast."""
+
+    mask_4d = True  # passes a 4D mask and positions through to the model (see packable)
 
     def __init__(self, model, autocast_bf16: bool = False) -> None:
         self.model = model
         self.autocast_bf16 = autocast_bf16
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False,
+                 position_ids=None, **_):
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else torch.autocast("cpu", enabled=False)
         with torch.inference_mode(), ctx:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                             output_hidden_states=output_hidden_states)
+                             position_ids=position_ids, output_hidden_states=output_hidden_states)
         last = out.last_hidden_state.float()
         if not output_hidden_states:
             return Output(last)
@@ -193,29 +215,47 @@ class _AllHidden(LastHidden):
     """The graph OpenVINO converts: ``last_hidden_state`` first (output 0, what the last-layer
     view keeps), then the embeddings and every layer but the last."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, position_ids=None):
         kw = {"token_type_ids": token_type_ids} if self.token_types else {}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **kw)
         return (out.last_hidden_state, *out.hidden_states[:-1])
 
 
-def example_inputs(tokenizer, token_types: bool) -> dict[str, torch.Tensor]:
+def graph_inputs(token_types: bool, packed: bool) -> list[str]:
+    """The converted graph's inputs, in :class:`_AllHidden`'s order (a packed graph's
+    ``attention_mask`` is the 4D boolean mask, and it takes ``position_ids``)."""
+    return ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else []) + (["position_ids"] if packed else [])
+
+
+def graph_feed(enc, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """A tokenizer's padded batch as the graph's inputs ``names`` (for a packed graph, the 4D
+    mask of its 2D one and positions counting from 0 in every row)."""
+    feed = {n: torch.as_tensor(np.asarray(enc[n], dtype=np.int64)) for n in names if n in enc}
+    if "position_ids" in names:
+        ids = feed["input_ids"]
+        feed["position_ids"] = torch.arange(ids.shape[1]).expand_as(ids).contiguous()
+        feed["attention_mask"] = key_mask_4d(feed["attention_mask"]).contiguous()
+    return feed
+
+
+def example_inputs(tokenizer, token_types: bool, packed: bool = False) -> dict[str, torch.Tensor]:
     enc = tokenizer(["an example input", "a second, somewhat longer example input"], padding=True,
-                    return_tensors="pt")
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
-    return {n: enc[n] for n in names}
+                    return_tensors="np")
+    return graph_feed(enc, graph_inputs(token_types, packed))
 
 
 def calibration_batches(tokenizer, texts: Sequence[str], token_types: bool, max_length: int,
-                         batch: int = 1) -> list[dict[str, np.ndarray]]:
+                         batch: int = 1, packed: bool = False) -> list[dict[str, np.ndarray]]:
     """One feed per text (unpadded, like the fast path sees sorted batches)."""
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
+    names = graph_inputs(token_types, packed)
     out = []
     texts = list(texts) or list(CALIBRATION_TEXTS)
     for i in range(0, len(texts), batch):
         enc = tokenizer(texts[i:i + batch], padding=True, truncation=True, max_length=max_length,
                         return_tensors="np")
-        out.append({n: enc[n].astype(np.int64) for n in names})
+        out.append({n: t.numpy() for n, t in graph_feed(enc, names).items()})
     return out
 
 
@@ -235,18 +275,21 @@ def openvino_version() -> str:
 def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
     import openvino as ov
 
-    tt = has_token_types(tokenizer)
+    tt, packed = has_token_types(tokenizer), packable(model)
     wrapped = _AllHidden(model, tt).eval()
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if tt else [])
+    names = graph_inputs(tt, packed)
+    shapes = {n: (ov.PartialShape([-1, -1]), ov.Type.i64) for n in names}
+    if packed:  # the 4D boolean mask [B, 1, T, T]
+        shapes["attention_mask"] = (ov.PartialShape([-1, 1, -1, -1]), ov.Type.boolean)
     with torch.inference_mode():
-        ov_model = ov.convert_model(wrapped, example_input=example_inputs(tokenizer, tt),
-                                    input=[(n, ov.PartialShape([-1, -1]), ov.Type.i64) for n in names])
+        ov_model = ov.convert_model(wrapped, example_input=example_inputs(tokenizer, tt, packed),
+                                    input=[(n, *shapes[n]) for n in names])
     for inp, n in zip(ov_model.inputs, names):
         inp.get_tensor().set_names({n})
     if mode == "int8":
         import nncf
 
-        feeds = calibration_batches(tokenizer, calibration, tt, max_length)
+        feeds = calibration_batches(tokenizer, calibration, tt, max_length, packed=packed)
         ffn_out = [op.get_friendly_name() for op in ov_model.get_ops() if op.get_type_name() == "MatMul"
                    and ".output.dense" in op.get_friendly_name() and "attention" not in op.get_friendly_name()]
         ov_model = nncf.quantize(ov_model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
@@ -293,6 +336,7 @@ class OpenVINOForward:
         self.compiled = core.compile_model(last, "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.names = [i.get_any_name() for i in self.compiled.inputs]
+        self.mask_4d = "position_ids" in self.names  # a packable model's graph (see graph_inputs)
 
     def _all_layers(self):
         with self._lock:
@@ -303,9 +347,20 @@ class OpenVINOForward:
                 self._layers = compiled, compiled.create_infer_request()
             return self._layers
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False, **_):
-        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feed = {n: as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids)) for n in self.names}
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False,
+                 position_ids=None, **_):
+        if attention_mask.dim() == 4 and not self.mask_4d:
+            raise InvalidError(f"the OpenVINO graph {self.path} takes a 2D attention mask, not a 4D one")
+        if self.mask_4d:
+            if attention_mask.dim() == 2:
+                attention_mask = key_mask_4d(attention_mask)
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        feed = {"input_ids": input_ids, "token_type_ids": token_type_ids, "position_ids": position_ids}
+        feed = {n: as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids))
+                for n in self.names if n != "attention_mask"}
+        feed["attention_mask"] = (np.ascontiguousarray(attention_mask.cpu().numpy(), dtype=np.bool_) if self.mask_4d
+                                  else as_int64(attention_mask))
         compiled, request = self._all_layers() if output_hidden_states else (self.compiled, self.request)
         out = request.infer(feed, share_inputs=True)
         if not output_hidden_states:
@@ -329,7 +384,8 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
         raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}",
                            param="precision")
     texts = list(calibration or CALIBRATION_TEXTS)
-    extra, graph = "all-layers", "openvino"  # fp32 and bf16 share the float graph; every layer an output
+    # fp32 and bf16 share the float graph; every layer an output; a packable model's takes the 4D mask
+    extra, graph = "all-layers" + ("|mask4d" if packable(model) else ""), "openvino"
     if mode.startswith("int8"):
         import nncf
 
