@@ -390,8 +390,7 @@ def run(args) -> dict:
     cpu = cpu_features()
     flags, capability = cpu.flags, cpu.capability
     info.update(workers=kernels.workers(), kernels_capability=capability)
-    amx = kernels.int8_units(flags) == "amx" and amxscan.available(flags)
-    choice = {p: kernels.choose(p, flags, capability, amx_kernel=amx) for p in ("int8", "float16")}
+    choice = {p: kernels.auto_choice(p) for p in ("int8", "float16")}
     print(f"CPU: {info['cpu']} x{info['cpus']}; flags {' '.join(info['cpu_flags'])}; torch {info['torch_cpu_capability']}; "
           f"load average at start {info['loadavg_start']}", flush=True)
     for p, (k, why) in choice.items():
@@ -555,10 +554,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="exact top-10 with the AMX scan for other (first, second) query-code counts")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    res = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=2) + "\n")
-    print("\n" + table(res))
+    return finish(run(args), args.out, table)
+
+
+def finish(res: dict, out: Path, render) -> int:
+    """Write a run's JSON to ``out`` and print its table (``render(res)``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print("\n" + render(res))
     return 0
 
 

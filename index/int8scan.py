@@ -88,10 +88,13 @@ MIN_SCAN_TOKENS = 16_384
 #: codes cost it about what one does (88 vs 86 ms per query over 1 GB) and leave ~10 of 18,190
 #: near-tied synthetic documents instead of a third of them, so no second scan runs
 #: (bench/maxsim.py --codes-sweep: 90-92 ms for an exact top 10, against 126-134 with one code).
-#: The fused VNNI scan is bound by its multiply-adds (two codes cost 1.9x one), but one code
-#: leaves a third of those documents for a second scan: two codes first measured 130-133 ms
-#: against 143 with one (same sweep, on the AMX Xeon's VNNI units)
-SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (2, 3)}
+#: The fused VNNI scan is bound by its multiply-adds (two codes cost 1.8-1.9x one), so it scans
+#: with one code first. On those synthetic near-ties one code leaves a third of the documents
+#: to the second scan (two codes first was 3-8% faster there), but real documents are not
+#: near-ties: on every SciFact abstract's MiniLM codes one code first leaves a median of 16 of
+#: 5,183 documents and an exact top 10 takes 44 ms against 79 with two codes first
+#: (bench/maxsim_real.py on a VNNI EPYC without AMX: 2.3x against 4.2x the plain read)
+SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (1, 2)}
 
 
 def _gamma(k: int) -> float:

@@ -146,13 +146,19 @@ def choose(precision: str, flags: Iterable[str], capability: str = "unknown",
     return "mlas-f32", why
 
 
+def auto_choice(precision: str) -> tuple[str, str]:
+    """``(kernel, why)`` that ``auto`` runs for ``precision`` on this CPU and build (:func:`choose`
+    with what is installed and usable here)."""
+    cpu = cpu_features()
+    amx = precision == "int8" and int8_units(cpu.flags) == "amx" and _fused_available("amx")
+    vnni = precision == "int8" and not amx and _fused_available("vnni")
+    return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None, amx, vnni)
+
+
 def resolve(kernel: str, precision: str) -> str:
     """The kernel ``maxsim_scores`` runs for ``kernel`` (``auto`` or a name of :data:`KERNELS`)."""
     if kernel == "auto":
-        cpu = cpu_features()
-        amx = precision == "int8" and int8_units(cpu.flags) == "amx" and _fused_available("amx")
-        vnni = precision == "int8" and not amx and _fused_available("vnni")
-        return choose(precision, cpu.flags, cpu.capability, find_spec("onnxruntime") is not None, amx, vnni)[0]
+        return auto_choice(precision)[0]
     if kernel not in KERNELS:
         raise InvalidError(f"unknown MaxSim kernel {kernel!r}; use auto or one of {', '.join(KERNELS)}", param="kernel")
     if kernel in INT8_KERNELS and precision != "int8":
