@@ -9,7 +9,10 @@ returns an object with ``last_hidden_state`` (``[B, T, D]``, float32 torch tenso
 embeddings first and ``last_hidden_state`` last, as transformers gives them), so
 :class:`FrozenEncoder` runs them all the same way. For models where :func:`packable` holds, every
 path also takes transformers' 4D boolean ``attention_mask`` (``[B, 1, T, T]``, True = may attend)
-and ``position_ids``: what lets several short rows share one forward row (the encoder's packing). The OpenVINO graphs carry every hidden layer
+and ``position_ids``: what lets several short rows share one forward row (the encoder's packing);
+OpenVINO converts such a model twice, a graph with the plain 2D mask for unpacked batches and one
+with the 4D mask for packed ones (the 4D one costs ~17% more per single-row forward: a lone query
+must not pay for packing). The OpenVINO graphs carry every hidden layer
 as an output of the one converted model; the last-layer-only view compiled from it is what
 runs when no layer is asked for. Graphs are converted from the already loaded transformers model (nothing is
 downloaded) and cached on disk under ``$EMBEDPOOL_CACHE_DIR`` (default ``~/.cache/embedpool``),
@@ -272,10 +275,13 @@ def openvino_version() -> str:
     return ov.get_version()
 
 
-def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int) -> None:
+def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int,
+                packed: bool = False) -> None:
+    """Convert (and for int8 modes quantize) the model's graph into ``folder``; ``packed``: the
+    graph takes the 4D boolean mask and ``position_ids`` (:func:`graph_inputs`)."""
     import openvino as ov
 
-    tt, packed = has_token_types(tokenizer), packable(model)
+    tt = has_token_types(tokenizer)
     wrapped = _AllHidden(model, tt).eval()
     names = graph_inputs(tt, packed)
     shapes = {n: (ov.PartialShape([-1, -1]), ov.Type.i64) for n in names}
@@ -308,9 +314,14 @@ class OpenVINOForward:
     The graph at ``xml`` has every hidden layer as an output (:class:`_AllHidden`). Two views of
     it are compiled: the last layer alone (what runs unless layers are asked for: the same graph
     as a last-layer export, so a plain request pays nothing for the extra outputs), and, on the
-    first call that asks for them, the whole graph: one forward that returns every layer."""
+    first call that asks for them, the whole graph: one forward that returns every layer.
 
-    def __init__(self, xml: Path, mode: str, threads: int | None = None, bf16: bool | None = None) -> None:
+    ``packed_xml``: the same model's graph taking the 4D mask and ``position_ids``, compiled
+    beside it; a call with a 4D mask (a packed batch) runs it, any other call the graph at
+    ``xml``."""
+
+    def __init__(self, xml: Path, mode: str, threads: int | None = None, bf16: bool | None = None,
+                 packed_xml: Path | None = None) -> None:
         import threading
 
         import openvino as ov
@@ -330,28 +341,34 @@ class OpenVINOForward:
             "CACHE_DIR": str(xml.parent / "compiled"),
         }
         self._config = config
-        self._graph = core.read_model(str(xml))
-        results = self._graph.get_results()
-        last = ov.Model(results[:1], self._graph.get_parameters(), "last_hidden_state") if len(results) > 1 else self._graph
+        graph = core.read_model(str(xml))
+        results = graph.get_results()
+        self._layer_outputs = len(results) > 1
+        last = ov.Model(results[:1], graph.get_parameters(), "last_hidden_state") if len(results) > 1 else graph
         self.compiled = core.compile_model(last, "CPU", config)
+        del graph, last, results  # the read model's weights (~86 MB for MiniLM) are read again if ever needed
         self.request = self.compiled.create_infer_request()
         self.names = [i.get_any_name() for i in self.compiled.inputs]
-        self.mask_4d = "position_ids" in self.names  # a packable model's graph (see graph_inputs)
+        self._graph_4d = "position_ids" in self.names  # a packed graph itself (see graph_inputs)
+        self.packed = OpenVINOForward(packed_xml, mode, threads, bf16) if packed_xml is not None else None
+        self.mask_4d = self._graph_4d or self.packed is not None  # takes packed batches
 
     def _all_layers(self):
         with self._lock:
             if self._layers is None:
-                if len(self._graph.get_results()) < 2:
+                if not self._layer_outputs:
                     raise InvalidError(f"the OpenVINO graph {self.path} has no hidden-layer outputs")
-                compiled = self._core.compile_model(self._graph, "CPU", self._config)
+                compiled = self._core.compile_model(self._core.read_model(str(self.path)), "CPU", self._config)
                 self._layers = compiled, compiled.create_infer_request()
             return self._layers
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False,
                  position_ids=None, **_):
-        if attention_mask.dim() == 4 and not self.mask_4d:
-            raise InvalidError(f"the OpenVINO graph {self.path} takes a 2D attention mask, not a 4D one")
-        if self.mask_4d:
+        if attention_mask.dim() == 4 and not self._graph_4d:
+            if self.packed is None:
+                raise InvalidError(f"the OpenVINO graph {self.path} takes a 2D attention mask, not a 4D one")
+            return self.packed(input_ids, attention_mask, token_type_ids, output_hidden_states, position_ids)
+        if self._graph_4d:
             if attention_mask.dim() == 2:
                 attention_mask = key_mask_4d(attention_mask)
             if position_ids is None:
@@ -359,7 +376,7 @@ class OpenVINOForward:
         feed = {"input_ids": input_ids, "token_type_ids": token_type_ids, "position_ids": position_ids}
         feed = {n: as_int64(feed[n] if feed[n] is not None else torch.zeros_like(input_ids))
                 for n in self.names if n != "attention_mask"}
-        feed["attention_mask"] = (np.ascontiguousarray(attention_mask.cpu().numpy(), dtype=np.bool_) if self.mask_4d
+        feed["attention_mask"] = (np.ascontiguousarray(attention_mask.cpu().numpy(), dtype=np.bool_) if self._graph_4d
                                   else as_int64(attention_mask))
         compiled, request = self._all_layers() if output_hidden_states else (self.compiled, self.request)
         out = request.infer(feed, share_inputs=True)
@@ -384,16 +401,21 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
         raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}",
                            param="precision")
     texts = list(calibration or CALIBRATION_TEXTS)
-    # fp32 and bf16 share the float graph; every layer an output; a packable model's takes the 4D mask
-    extra, graph = "all-layers" + ("|mask4d" if packable(model) else ""), "openvino"
+    # fp32 and bf16 share the float graph; every layer an output
+    extra, graph = "all-layers", "openvino"
     if mode.startswith("int8"):
         import nncf
 
         graph = f"openvino-{mode}"
         extra += f"|nncf{nncf.__version__}" + (f"|{calibration_hash(texts)}" if mode == "int8" else "")
-    folder = artifact_dir(model, graph, openvino_version(), isa, extra, cache_dir)
-    xml = build_once(folder, "model.xml", lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length))
-    return OpenVINOForward(xml, mode, threads)
+
+    def convert(packed: bool) -> Path:
+        folder = artifact_dir(model, graph, openvino_version(), isa, extra + ("|mask4d" if packed else ""), cache_dir)
+        return build_once(folder, "model.xml",
+                          lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length, packed))
+
+    # a packable model's packed batches take a second graph with the 4D mask (see the module docstring)
+    return OpenVINOForward(convert(False), mode, threads, packed_xml=convert(True) if packable(model) else None)
 
 
 def as_int64(x) -> np.ndarray:

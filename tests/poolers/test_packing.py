@@ -138,25 +138,44 @@ def test_only_bert_encoders_with_absolute_positions_are_packed():
     assert not runtimes.packable(RobertaModel(RobertaConfig(**small)))
 
 
-def test_the_openvino_graph_takes_the_4d_mask_and_packs(encoder, sentences, tmp_path):
+class _Infers:
+    """An OpenVINO infer request that counts its calls."""
+
+    def __init__(self, request) -> None:
+        self.request, self.calls = request, 0
+
+    def infer(self, *args, **kwargs):
+        self.calls += 1
+        return self.request.infer(*args, **kwargs)
+
+
+def test_the_openvino_path_packs_on_a_4d_graph_and_runs_unpacked_batches_on_the_plain_one(encoder, sentences, tmp_path):
     fwd = load_forward("openvino-fp32", encoder.model, encoder.tokenizer, encoder.max_length, cache_dir=tmp_path)
     assert fwd.mask_4d
+    # two graphs: the plain one (2D mask, no positions) for unpacked batches, a 4D one for packed
+    assert "position_ids" not in fwd.names and "position_ids" in fwd.packed.names
+    fwd.request, fwd.packed.request = plain_calls, packed_calls = _Infers(fwd.request), _Infers(fwd.packed.request)
     shapes = _Shapes(fwd)
     packed = _twin(encoder, shapes)
     plain = _twin(encoder, fwd, pack_tokens=0)
     from embedpool.poolers import Embedder
 
     a = Embedder(packed).embed(sentences, ["mean", "cls"])
+    assert packed_calls.calls > 0
+    before = packed_calls.calls, plain_calls.calls
     b = Embedder(plain).embed(sentences, ["mean", "cls"])
+    assert packed_calls.calls == before[0] and plain_calls.calls > before[1]
     ref = Embedder(_twin(encoder, pack_tokens=0)).embed(sentences, ["mean"]).matrix("mean")
     for p in ("mean", "cls"):
         assert np.abs(a.matrix(p) - b.matrix(p)).max() < 1e-4
     assert np.abs(a.matrix("mean") - ref).max() < 1e-4
     assert sum(rows for (rows, _), _ in shapes.calls) <= len(sentences) // 2
-    # a standard 2D call on the same graph: the key mask expanded inside
+    # a standard 2D call runs the plain graph
     ids = encoder.tokenizer(["one text", "and a longer second text"], padding=True, return_tensors="pt")
+    before = packed_calls.calls
     two_d = fwd(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"],
                 token_type_ids=torch.zeros_like(ids["input_ids"])).last_hidden_state
+    assert packed_calls.calls == before
     with torch.inference_mode():
         want = encoder.model(**ids).last_hidden_state
     real = ids["attention_mask"].bool()
