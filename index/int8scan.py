@@ -14,7 +14,9 @@ scale per token. Where the CPU has int8 dot-product units (AVX-512 VNNI, AVX-VNN
    on how far it can be from the exact one (below).
 2. **The exact step.** ``tau`` is the k-th largest lower bound; every document whose upper bound
    reaches ``tau`` is scored by the exact kernel (:func:`maxsim_scores` on those documents only),
-   and the top k of those are returned.
+   and the top k of those are returned. Where many documents reach it (near-ties), the k best of
+   them by scan score are scored exactly first and ``tau`` rises to the k-th of those exact
+   scores (below): about one bound higher, which leaves roughly half as many documents or fewer.
 
 On AMX CPUs (``scan="amx"``) step 1 runs fused on the tiles (:mod:`index.amxscan`: the products
 never leave the tiles, each document's maxima are taken as they are made), on AVX-512 VNNI CPUs
@@ -52,6 +54,13 @@ this CPU) it scores every document with the exact kernel: the portable path. The
   strictly higher, so it is in no top k, whatever the tie-break. The k documents that set
   ``tau`` are never excluded. The top k of the documents kept, scored exactly and ordered by
   (score, position), is therefore the top k of all documents.
+- **A higher threshold from k exact scores.** For any k live documents ``T`` scored by the exact
+  kernel, ``tau_T = min_{D' in T} e(D')`` serves the same way: ``P(D) + B(D) < tau_T`` gives
+  ``e(D) < tau_T <= e(D')`` for the k documents of ``T``. So ``tau = max(k-th largest P - B,
+  tau_T)``; with ``T`` the k best by ``P``, ``tau_T`` is near the k-th best ``P``, where the lower
+  bounds' ``tau`` is near the k-th best ``P - B``. The documents of ``T`` are never excluded
+  (``P + B >= e >= tau_T``, and each has ``P`` at least the k-th largest ``P - B``) and their
+  exact scores are the ones returned.
 
 The band ``2 B(D)`` is about ``2 R`` (token vectors of norm ~1): for a 32-token MiniLM query
 ~0.3 score units, against ~1 unit between the 1st and the 100th of SciFact's documents, so a few
@@ -90,11 +99,16 @@ MIN_SCAN_TOKENS = 16_384
 #: (bench/maxsim.py --codes-sweep: 90-92 ms for an exact top 10, against 126-134 with one code).
 #: The fused VNNI scan is bound by its multiply-adds (two codes cost 1.8-1.9x one), so it scans
 #: with one code first. On those synthetic near-ties one code leaves a third of the documents
-#: to the second scan (two codes first was 3-8% faster there), but real documents are not
+#: by the lower bounds alone, 840 of 18,190 with k exact scores first (``SEED_FACTOR``; exact
+#: top 10 in 101-113 ms, 2.9-3.5x the read, 1.4-1.6x faster than two codes first), and real documents are not
 #: near-ties: on every SciFact abstract's MiniLM codes one code first leaves a median of 16 of
 #: 5,183 documents and an exact top 10 takes 44 ms against 79 with two codes first
 #: (bench/maxsim_real.py on a VNNI EPYC without AMX: 2.3x against 4.2x the plain read)
 SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (1, 2)}
+#: when the first scan leaves more than this many times k documents, the k best of them by scan
+#: score are scored exactly first and their k-th exact score raises the threshold (the exact
+#: step of the module docstring); fewer survivors are scored exactly at once (one call less)
+SEED_FACTOR = 4
 
 
 def _gamma(k: int) -> float:
@@ -372,13 +386,18 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
     rows = all_pos if doc_idx is None else np.asarray(doc_idx, np.int64)  # document rows per position
     tok_lens = offsets[rows + 1] - offsets[rows]
 
-    def survivors(p: np.ndarray, b: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """The positions ``pos`` (scores ``p``, bounds ``b``) that the bound cannot rule out."""
+    def survivors(p: np.ndarray, b: np.ndarray, pos: np.ndarray, floor: float = -np.inf) -> np.ndarray:
+        """The positions ``pos`` (scores ``p``, bounds ``b``) that the bound cannot rule out;
+        ``floor``: the k-th best exact score of k live documents, if known."""
         lo = np.where(ok[pos], p - b, -np.inf)
         if int(ok[pos].sum()) <= k:
             return pos[ok[pos]]
-        tau = np.partition(lo, len(lo) - k)[len(lo) - k]  # the k-th largest lower bound
+        tau = max(np.partition(lo, len(lo) - k)[len(lo) - k], floor)  # k-th largest lower bound, or floor
         return pos[ok[pos] & (p + b >= tau)]
+
+    def exact(q: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return maxsim_scores([q], vectors, offsets, scales, doc_idx=rows[pos], chunk_bytes=chunk_bytes,
+                             kernel=kernel)[0]
 
     engine = path if path in amxscan.UNITS else "torch"
     first, second = codes or SCAN_CODES[path]
@@ -387,18 +406,29 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
     out, rescored, refined = [], [], []
     for qi, q in enumerate(queries):
         cand = survivors(p1[qi], b1[qi], all_pos)
+        seed, seed_s, floor = cand[:0], np.zeros(0, np.float32), -np.inf
+        if len(cand) > SEED_FACTOR * k:
+            # the k best survivors by scan score, scored exactly: their k-th exact score is a
+            # threshold too (module docstring), about one bound above the k-th lower bound
+            seed = np.sort(cand[_topk_order(p1[qi][cand], k)])
+            seed_s = exact(q, seed)
+            floor = float(seed_s.min())
+            cand = survivors(p1[qi][cand], b1[qi][cand], cand, floor)
         refined.append(int(len(cand)))
         if len(cand) > k and int(tok_lens[cand].sum()) >= MIN_SCAN_TOKENS:
             # a second scan of the survivors with more of the residual's codes: a bound 254x
             # tighter per code
             p2, b2 = bound_scan([q], vectors, offsets, scales, norms[cand], doc_idx=rows[cand],
                                 chunk_bytes=chunk_bytes, n_codes=second, engine=engine)
-            cand = survivors(p2[0], b2[0], cand)
-        s = maxsim_scores([q], vectors, offsets, scales, doc_idx=rows[cand], chunk_bytes=chunk_bytes,
-                          kernel=kernel)[0]
-        o = _topk_order(s, k)  # cand is ascending: ties stay by position
-        out.append((s[o], cand[o]))
-        rescored.append(int(len(cand)))
+            cand = survivors(p2[0], b2[0], cand, floor)
+        rest = np.setdiff1d(cand, seed, assume_unique=True)  # the seed's scores are known
+        pos = np.concatenate([seed, rest])
+        s = np.concatenate([seed_s, exact(q, rest)]) if len(rest) else seed_s
+        by_pos = np.argsort(pos, kind="stable")
+        pos, s = pos[by_pos], s[by_pos]
+        o = _topk_order(s, k)  # pos is ascending: ties stay by position
+        out.append((s[o], pos[o]))
+        rescored.append(int(len(pos)))
     if stats is not None:
         stats["rescored"], stats["second_scan"] = rescored, refined
     return out

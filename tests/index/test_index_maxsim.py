@@ -335,8 +335,10 @@ def _check_topk(queries, codes, offs, scales, k, scan, doc_idx=None, live=None, 
 
 @pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("second_scan", [False, True])
-def test_topk_equals_naive_on_random_vectors(rng, monkeypatch, scan, second_scan):
+@pytest.mark.parametrize("seed", [False, True])
+def test_topk_equals_naive_on_random_vectors(rng, monkeypatch, scan, second_scan, seed):
     monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0 if second_scan else 10 ** 9)
+    monkeypatch.setattr(int8scan, "SEED_FACTOR", 0 if seed else 10 ** 9)  # k exact scores first, or not
     dim = 48
     docs = rand_docs(rng, 150, dim, lo=1, hi=40) + [rand_unit(rng, 300, dim)]  # the last > a chunk
     docs = [d * rng.uniform(0.5, 3.0) for d in docs]  # token norms other than 1: N_D matters
@@ -385,8 +387,10 @@ def _adversarial(rng, dim=64, norm=3.0):
 
 @pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("second_scan", [False, True])
-def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second_scan):
+@pytest.mark.parametrize("seed", [False, True])
+def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second_scan, seed):
     monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0 if second_scan else 10 ** 9)
+    monkeypatch.setattr(int8scan, "SEED_FACTOR", 0 if seed else 10 ** 9)
     queries, codes, offs, scales, is_y = _adversarial(rng)
     norms = int8scan.doc_norms(codes, offs, scales)
     p, b = int8scan.bound_scan(queries, codes, offs, scales, norms)
@@ -411,6 +415,28 @@ def test_topk_exact_on_near_ties_around_the_bound(rng, monkeypatch, scan, second
     for orig, dup in ((3, 24), (15, 25), (3, 26)):
         assert abs(pos.index(orig) - pos.index(dup)) <= 2
         np.testing.assert_allclose(gs[pos.index(orig)], gs[pos.index(dup)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("scan", [s for s in SCANS if s != "exact"])
+def test_k_exact_scores_rule_out_more_near_ties(rng, monkeypatch, scan):
+    """Documents around a common direction, every score within a few bounds of the others: the
+    k best by scan score scored exactly first leave less than 0.6x the documents the lower bounds
+    alone leave (the threshold rises by about one bound), and the top k is still exact MaxSim's."""
+    monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 10 ** 9)  # the first scan's survivors are scored
+    dim = 64
+    mu = rand_unit(rng, 1, dim)[0]
+    docs = [unit(rand_unit(rng, int(rng.integers(5, 20)), dim) * 0.3 + mu) for _ in range(600)]
+    vecs, offs = _pack(docs)
+    codes, scales = quantize(vecs.astype(np.float32), "int8")
+    queries = rand_docs(rng, 3, dim, lo=8, hi=16)
+    for k in (1, 5, 10):
+        kept = {}
+        for seed in (False, True):
+            monkeypatch.setattr(int8scan, "SEED_FACTOR", 0 if seed else 10 ** 9)
+            _, stats = _check_topk(queries, codes, offs, scales, k, scan, gap=1e-6)
+            kept[seed] = np.array(stats["rescored"])
+        assert (kept[False] > 4 * k).all()  # near-ties: the lower bounds leave many
+        assert (kept[True] < 0.6 * kept[False]).all() and (kept[True] >= k).all()
 
 
 @pytest.mark.skipif(not ENGINES, reason="neither torch's int8 matmul nor a fused scan runs here")
@@ -440,8 +466,10 @@ def test_bound_holds_and_is_tight_enough(rng, engine):
 
 
 @pytest.mark.parametrize("scan", SCANS)
-def test_topk_equals_naive_on_real_token_vectors(real_tokens, monkeypatch, scan):
+@pytest.mark.parametrize("seed", [False, True])
+def test_topk_equals_naive_on_real_token_vectors(real_tokens, monkeypatch, scan, seed):
     monkeypatch.setattr(int8scan, "MIN_SCAN_TOKENS", 0)
+    monkeypatch.setattr(int8scan, "SEED_FACTOR", 0 if seed else 10 ** 9)
     docs, queries = real_tokens
     vecs, offs = _pack(docs)
     codes, scales = quantize(vecs, "int8")
