@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from embedpool.app.allocator import release_free_memory
+from embedpool.allocator import release_free_memory
 from embedpool.app.datasets import Record
 from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.app.retrieval import resolve_companion_pooler
@@ -459,7 +459,7 @@ class IndexJob:
                     self._bar.set_postfix_str(f"{self.tokens / el:,.0f} tok/s", refresh=False)
             if self._since_commit >= self.commit_every or self._pending_bytes >= self.commit_bytes:
                 self._commit_all()
-            else:  # a call's freed vectors: heap pages the next call may not fit in (app/allocator.py)
+            else:  # a call's freed vectors: heap pages the next call may not fit in (embedpool/allocator.py)
                 release_free_memory()
 
     def _stored_bytes(self, t: Target, vectors: list[np.ndarray]) -> int:
@@ -476,7 +476,7 @@ class IndexJob:
             self._commit(t)
         self._since_commit = 0
         self._pending_bytes = 0
-        release_free_memory()  # the batches' freed buffers: keep the job's memory flat (app/allocator.py)
+        release_free_memory()  # the batches' freed buffers: keep the job's memory flat (embedpool/allocator.py)
 
     def _compact_if_needed(self) -> None:
         """Records re-added after a crash leave tombstones: rebuild so the result equals an

@@ -33,7 +33,7 @@ from ..int8scan import doc_norms, maxsim_topk
 from ..maxsim import bytes_per_vector, dequantize, gather_docs, quantize
 from .single import id_selector, min_training_vectors
 from ..spec import CollectionSpec, _first_line
-from .vectors import StoreCommit, StoreState, VectorStore
+from .vectors import StoreCommit, StoreState, VectorStore, npz_memmap
 
 TOKEN_TRAIN_SAMPLE = 100_000
 #: a filter that keeps at least this share of the documents draws two_stage candidates by
@@ -329,39 +329,6 @@ def _drop_pages(codes: np.ndarray) -> None:
     keeps them): reading a whole segment through its mapping would otherwise leave all of it in
     the process's RSS."""
     _advise(codes, mmap.MADV_DONTNEED)
-
-
-def npz_memmap(path: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Read-only memory maps of the arrays ``names`` of an ``.npz`` file (``np.savez`` stores
-    them uncompressed, each a whole ``.npy`` inside the zip); the ones stored compressed, or
-    missing, are left out."""
-    import zipfile
-
-    out: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
-        for name in names:
-            try:
-                info = zf.getinfo(name + ".npy")
-            except KeyError:
-                continue
-            if info.compress_type != zipfile.ZIP_STORED:
-                continue
-            f.seek(info.header_offset + 26)  # the local header: name and extra field lengths
-            n_name, n_extra = np.frombuffer(f.read(4), "<u2")
-            f.seek(info.header_offset + 30 + int(n_name) + int(n_extra))
-            version = np.lib.format.read_magic(f)
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read_header is None:
-                continue
-            shape, fortran, dtype = read_header(f)
-            if fortran or dtype.hasobject:
-                continue
-            if int(np.prod(shape)) == 0:
-                out[name] = np.zeros(shape, dtype)
-                continue
-            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
-    return out
 
 
 def _row_blocks(docs: Sequence[np.ndarray], rows: int):

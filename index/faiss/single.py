@@ -23,7 +23,7 @@ import numpy as np
 from ..durable import write_durable
 from embedpool.errors import InternalError, InvalidError
 from ..spec import CollectionSpec, _faiss_metric, _first_line
-from .vectors import StoreCommit, StoreState, VectorStore
+from .vectors import StoreCommit, StoreState, VectorStore, npz_memmap
 
 HNSW_EF_SEARCH = 64
 _MAP_LOCK = threading.Lock()
@@ -141,10 +141,12 @@ class SingleStore(VectorStore):
             # no id -> (list, offset) hashtable until reconstruct or remove needs it: ~50 bytes a
             # row in memory (50 MB at a million) and its upkeep while the deltas are appended
             faiss.extract_index_ivf(store.index).set_direct_map_type(faiss.DirectMap.NoMap)
-        for delta in state.meta.get(cls.DELTAS_KEY) or []:
-            with np.load(folder / delta) as z:
-                store._append(z["ids"], z["rows"])
-            store.deltas.append(delta)
+        deltas = list(state.meta.get(cls.DELTAS_KEY) or [])
+        if not (deltas and store._append_ivf_deltas([folder / d for d in deltas])):
+            for delta in deltas:
+                with np.load(folder / delta) as z:
+                    store._append(z["ids"], z["rows"])
+        store.deltas.extend(deltas)
         live = np.asarray(live_ids, dtype=np.int64)
         idx = store.index
         stored = _stored_ids(idx)
@@ -208,6 +210,57 @@ class SingleStore(VectorStore):
         else:
             self.index.add_with_ids(x, ids)
         self.dirty = True
+
+    def _append_ivf_deltas(self, paths: list[Path]) -> bool:
+        """Add the rows of the delta files ``paths`` to an IVF index's lists, each list allocated
+        once at its final size; False (nothing done) where that does not apply.
+
+        ``add_sa_codes`` delta after delta grows every list by reallocation, and the grown
+        vectors keep up to their size again as spare capacity, resident where the heap reuses
+        pages: ~80 MB at a million companion rows (docs/scale.md). So the rows per list are
+        counted first from each row's list number (the first ``coarse_code_size`` bytes of an
+        IVF ``sa_encode`` code, little-endian, which ``add_sa_codes`` reads the same way), new
+        lists are allocated at exactly that size, and the base's entries and the deltas' are
+        copied in, in the order ``add_sa_codes`` would have appended them."""
+        ivf = faiss.downcast_index(self.index)
+        if not isinstance(ivf, faiss.IndexIVF):
+            return False
+        old = faiss.downcast_InvertedLists(ivf.invlists)
+        if not isinstance(old, faiss.ArrayInvertedLists):
+            return False
+        nlist, nb, cs = ivf.nlist, ivf.coarse_code_size(), old.code_size
+        files = []
+        for path in paths:
+            m = npz_memmap(path, ("ids", "rows"))
+            if len(m) < 2 or m["rows"].ndim != 2 or m["rows"].shape[1] != nb + cs:
+                return False
+            listno = np.zeros(len(m["ids"]), np.int64)
+            for b in range(nb):  # the coarse code: the list number, little-endian
+                listno |= m["rows"][:, b].astype(np.int64) << (8 * b)
+            if len(listno) and int(listno.max()) >= nlist:
+                return False  # not this index's codes: add_sa_codes says so
+            files.append((m, listno))
+        counts = np.array([old.list_size(lst) for lst in range(nlist)], np.int64)
+        fill = counts.copy()
+        final = counts + sum(np.bincount(ln, minlength=nlist) for _, ln in files)
+        new = faiss.ArrayInvertedLists(nlist, cs)
+        for lst in np.flatnonzero(final).tolist():
+            new.resize(lst, int(final[lst]))  # from empty: one allocation of exactly this size
+            if counts[lst]:
+                new.update_entries(lst, 0, int(counts[lst]), old.get_ids(lst), old.get_codes(lst))
+        for m, listno in files:
+            order = np.argsort(listno, kind="stable")  # rows of a list keep their order
+            ids = np.ascontiguousarray(m["ids"][order], dtype=np.int64)
+            codes = np.ascontiguousarray(m["rows"][order, nb:])
+            bounds = np.searchsorted(listno[order], np.arange(nlist + 1))
+            for lst in np.flatnonzero(np.diff(bounds)).tolist():
+                a, b = int(bounds[lst]), int(bounds[lst + 1])
+                new.update_entries(lst, int(fill[lst]), b - a, faiss.swig_ptr(ids[a:b]), faiss.swig_ptr(codes[a:b]))
+                fill[lst] += b - a
+        ivf.replace_invlists(new, True)
+        new.this.disown()  # the index owns and frees it (and freed the old lists)
+        ivf.ntotal = int(final.sum())
+        return True
 
     def _append(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """Add rows as a delta holds them (IVF codes, else vectors)."""

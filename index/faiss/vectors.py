@@ -13,7 +13,9 @@ the ``segments`` table is its *state*: :class:`StoreState` on load, :class:`Stor
 
 from __future__ import annotations
 
+import zipfile
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -127,3 +129,34 @@ class VectorStore(ABC):
     def storage_stats(self, folder: Path) -> dict[str, Any]:
         """``bytes_per_doc``, ``tombstones``, ``segments``, ``token_index``, ``index_type`` (the
         store's part of :class:`index.base.Stats`)."""
+
+
+def npz_memmap(path: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Read-only memory maps of the arrays ``names`` of an ``.npz`` file (``np.savez`` stores
+    them uncompressed, each a whole ``.npy`` inside the zip); the ones stored compressed, or
+    missing, are left out."""
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
+        for name in names:
+            try:
+                info = zf.getinfo(name + ".npy")
+            except KeyError:
+                continue
+            if info.compress_type != zipfile.ZIP_STORED:
+                continue
+            f.seek(info.header_offset + 26)  # the local header: name and extra field lengths
+            n_name, n_extra = np.frombuffer(f.read(4), "<u2")
+            f.seek(info.header_offset + 30 + int(n_name) + int(n_extra))
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                continue
+            shape, fortran, dtype = read_header(f)
+            if fortran or dtype.hasobject:
+                continue
+            if int(np.prod(shape)) == 0:
+                out[name] = np.zeros(shape, dtype)
+                continue
+            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
+    return out

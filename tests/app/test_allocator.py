@@ -10,7 +10,7 @@ import pytest
 
 PROBE = r"""
 import numpy as np
-from embedpool.app.allocator import release_free_memory
+from embedpool.allocator import release_free_memory
 
 def rss_mb():
     for line in open("/proc/self/status"):

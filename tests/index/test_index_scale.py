@@ -99,6 +99,61 @@ def test_append_commit_never_rewrites_committed_files(real, tmp_path):
     coll.close()
 
 
+def _lists(index) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every inverted list of an IVF index: (ids, codes), in stored order."""
+    import faiss
+
+    ivf = faiss.extract_index_ivf(index)
+    il = ivf.invlists
+    out = []
+    for lst in range(ivf.nlist):
+        n = il.list_size(lst)
+        out.append((faiss.rev_swig_ptr(il.get_ids(lst), n).copy(),
+                    faiss.rev_swig_ptr(il.get_codes(lst), n * il.code_size).copy()))
+    return out
+
+
+def test_companion_deltas_load_as_faiss_adds_them(real, tmp_path):
+    """Opening reads the companion's base and its deltas into lists allocated once at their
+    final size; the lists (ids, codes, order), the row count and the search results are those
+    of FAISS' own ``read_index`` + ``add_sa_codes`` of every delta file, also after deletions
+    (tombstones in the files, removed on load)."""
+    import faiss
+
+    gen = SyntheticCorpus(real[0], seed=5)
+    coll = _build(tmp_path, gen, commit_every=2)
+    gone = [f"d{i}" for i in range(N_DOCS) if i % 7 == 2]
+    coll.delete(gone)
+    coll.commit()
+    coll.close()
+    folder = tmp_path / "c"
+    deltas = sorted(folder.glob("companion-*.delta.npz"), key=lambda f: int(f.name.split("-")[1].split(".")[0]))
+    base = [f for f in folder.glob("companion-*") if not f.name.endswith(".delta.npz")]
+    assert len(deltas) >= 3 and len(base) == 1
+    ref = faiss.read_index(str(base[0]))
+    for d in deltas:
+        with np.load(d) as z:
+            ref.add_sa_codes(z["rows"], z["ids"])
+    again = FaissCollection.open(tmp_path, "c")
+    got = again._vec.companion.index
+    live_rows = np.concatenate([ids for ids, _ in _lists(got)])
+    ref_rows = np.concatenate([ids for ids, _ in _lists(ref)])
+    dead = np.setdiff1d(ref_rows, live_rows)
+    assert len(dead) == len(gone)  # one companion row per document
+    faiss.extract_index_ivf(ref).set_direct_map_type(faiss.DirectMap.Hashtable)
+    ref.remove_ids(dead)
+    assert got.ntotal == ref.ntotal == N_DOCS - len(gone)
+    for (gi, gc), (ri, rc) in zip(_lists(got), _lists(ref), strict=True):
+        np.testing.assert_array_equal(gi, ri)
+        np.testing.assert_array_equal(gc, rc)
+    q = real[1][:20]
+    faiss.extract_index_ivf(ref).nprobe = faiss.extract_index_ivf(got).nprobe
+    (dg, ig), (dr, ir) = got.search(q, 10), ref.search(q, 10)
+    np.testing.assert_array_equal(ig, ir)
+    np.testing.assert_array_equal(dg, dr)
+    again.close()
+
+
 _OPEN = """
 import ctypes, json, sys
 import faiss, numpy as np

@@ -5,9 +5,11 @@ such a free it raises its mmap threshold (up to 32 MB), so later allocations of 
 from the heap, which fragments and is only given back from its top: a long-running job's
 resident memory then grows in steps with the corpus.
 
-The remedy here is ``malloc_trim(0)`` after each commit (:func:`release_free_memory`): glibc
-hands every free page of the heap back (``madvise``), not only the top, at a cost of
-milliseconds per commit, and the allocation path is untouched. Fixing the mmap threshold low
+The remedy here is ``malloc_trim(0)`` after each commit of the indexing job and after a FAISS
+collection is loaded (:func:`release_free_memory`): glibc hands every free page of the heap
+back (``madvise``), not only the top, at a cost of milliseconds, and the allocation path is
+untouched. Both layers use it (the indexing job in ``app/``, opening in ``index/``), so it lives
+beside :mod:`embedpool.cpu`. Fixing the mmap threshold low
 (``mallopt``) also keeps memory flat, but turns every activation tensor of a forward pass into
 an ``mmap`` + page faults + ``munmap`` and slows encoding. glibc's allocator is not replaced
 (jemalloc/tcmalloc would need a preloaded system library). The measurements behind this choice:
