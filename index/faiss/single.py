@@ -259,7 +259,7 @@ class SingleStore(VectorStore):
                 fill[lst] += b - a
         ivf.replace_invlists(new, True)
         new.this.disown()  # the index owns and frees it (and freed the old lists)
-        ivf.ntotal = int(final.sum())
+        ivf.ntotal += int(final.sum() - counts.sum())  # as add_sa_codes counts them
         return True
 
     def _append(self, ids: np.ndarray, rows: np.ndarray) -> None:
