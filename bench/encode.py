@@ -24,6 +24,7 @@ same run are the numbers to read.
     flock /tmp/embedpool-bench.lock .venv/bin/python bench/encode.py         # full size
     .venv/bin/python bench/encode.py --docs 64 --sentences 256                # a quick run
     .venv/bin/python bench/encode.py --paths fp32 openvino-bf16               # some paths only
+    .venv/bin/python bench/encode.py --model models/all-mpnet-base-v2 --out bench/results/encode_mpnet_vnni_epyc.json
 
 Writes ``bench/results/encode.json`` (or ``--out``) and prints markdown tables.
 """
@@ -151,10 +152,10 @@ def build_systems(args, st, enc32, feats):
     t0 = time.perf_counter()
     if args.emulate_avx2:  # auto as it decides on an AVX2-only CPU
         path, why = choose(feats)
-        auto = FrozenEncoder(precision=path, max_batch_tokens=enc32.max_batch_tokens)
+        auto = FrozenEncoder(args.model, precision=path, max_batch_tokens=enc32.max_batch_tokens)
         auto.precision_reason = why
     else:
-        auto = FrozenEncoder(precision="auto", max_batch_tokens=enc32.max_batch_tokens)
+        auto = FrozenEncoder(args.model, precision="auto", max_batch_tokens=enc32.max_batch_tokens)
     load_s["auto"] = time.perf_counter() - t0
     systems["auto"] = (lambda e: lambda t: e.embed(t, ["mean"]).matrix("mean"))(Embedder(auto))
     return systems, load_s, skipped, auto
@@ -196,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--emulate-avx2", action="store_true",
                     help="cap torch/oneDNN/OpenVINO/MKL to AVX2 (see EMULATE_AVX2); auto decides as on AVX2")
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2), e.g. "
+                    "models/all-mpnet-base-v2 after `make models`; the reference loads the same folder")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.threads > 0:
@@ -218,8 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
     docs = load_docs(args.data, args.docs)
     sentences = load_sentences(args.data, args.sentences)
 
-    st = SentenceTransformer(default_model_path(), device="cpu", local_files_only=True)
-    enc32 = FrozenEncoder(precision="fp32")
+    st = SentenceTransformer(args.model or default_model_path(), device="cpu", local_files_only=True)
+    enc32 = FrozenEncoder(args.model, precision="fp32")
     systems, load_s, skipped, auto = build_systems(args, st, enc32, feats)
     print(f"auto -> {auto.precision}: {auto.precision_reason}", file=sys.stderr, flush=True)
     for fn in systems.values():  # warm-up (first-call allocations, session init)

@@ -14,9 +14,10 @@
     .venv/bin/python bench/eval.py                    # all three, in this order (hours on 2 cores)
     .venv/bin/python bench/eval.py scifact            # one suite
     .venv/bin/python bench/eval.py --quick scifact    # a 100-document slice, minutes
+    .venv/bin/python bench/eval.py --model models/all-mpnet-base-v2 scifact stsb   # another model (make models)
     flock /tmp/embedpool-bench.lock .venv/bin/python bench/eval.py precision --paths fp32 openvino-bf16
 
-Writes ``bench/results/eval_<suite>.json`` (+ ``.md``, ``.png``) and prints the tables. Each
+Writes ``bench/results/eval_<suite>.json`` (``eval_<suite>_<model folder name>.json`` with ``--model``) (+ ``.md``, ``.png``) and prints the tables. Each
 suite keeps its collections under ``--work DIR/<suite>`` so an interrupted run resumes its
 indexing when started again. Runs torch with one thread unless OMP_NUM_THREADS is set: on the
 shared 2-core machines one thread was 1.5x faster for documents and 10x faster for single queries.
@@ -55,6 +56,8 @@ def main() -> int:
     ap.add_argument("suites", nargs="*", metavar="SUITE", help=f"any of {', '.join(SUITES)} (default all)")
     ap.add_argument("--quick", action="store_true", help="small slices (smoke test of the runs)")
     ap.add_argument("--work", default="/tmp/embedpool-bench-eval", help="kept collections (resumable)")
+    ap.add_argument("--model", help="model folder or cached id (default: the packaged all-MiniLM-L6-v2); "
+                    "results are named after its last path component")
     ap.add_argument("--paths", nargs="+", help="precision suite: encoder paths (default: all this CPU runs)")
     ap.add_argument("--reuse", action="store_true",
                     help="precision suite: keep a path's result from an earlier run (its JSON) instead of running it again")
@@ -68,8 +71,8 @@ def main() -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     RESULTS.mkdir(parents=True, exist_ok=True)
     for suite in args.suites or list(SUITES):
-        name = f"eval_{suite}" + ("_quick" if args.quick else "")
-        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", *SUITES[suite],
+        name = f"eval_{suite}" + model_suffix(args.model) + ("_quick" if args.quick else "")
+        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", *SUITES[suite], *model_args(args.model),
                "--out", str(RESULTS / f"{name}.json"), "--markdown", str(RESULTS / f"{name}.md"),
                "--plot", str(RESULTS / f"{name}.png"), "--index-dir", f"{args.work}/{name}"]
         if args.quick:
@@ -82,6 +85,15 @@ def main() -> int:
         if rc:
             return rc
     return 0
+
+
+def model_suffix(model: str | None) -> str:
+    """``""`` for the packaged default (the results' historical names), else ``_<last component>``."""
+    return "" if not model else "_" + Path(model.rstrip("/")).name
+
+
+def model_args(model: str | None) -> list[str]:
+    return ["--model", model] if model else []
 
 
 def precision_suite(args) -> int:
@@ -97,8 +109,8 @@ def precision_suite(args) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     rows = {}
     for path in paths:
-        out = RESULTS / f"eval_precision_{path}.json"
-        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", "--data", str(DATA / "scifact"), "--split",
+        out = RESULTS / f"eval_precision_{path}{model_suffix(args.model)}.json"
+        cmd = [sys.executable, "-m", "embedpool.app.cli", "eval", *model_args(args.model), "--data", str(DATA / "scifact"), "--split",
                "test", "--pooler", "mean", "--precision", path, "--out", str(out), "--no-progress",
                "--latency-queries", "1"]
         if args.quick:
@@ -118,7 +130,7 @@ def precision_suite(args) -> int:
         d = 100 * (r["ndcg@10"] - base)
         r["delta_points"] = d
         lines.append(f"| {path} | {r['ndcg@10']:.4f} | {d:+.2f} | {'met' if abs(d) <= 0.3 else '**missed**'} |")
-    name = "eval_precision" + ("_quick" if args.quick else "")
+    name = "eval_precision" + model_suffix(args.model) + ("_quick" if args.quick else "")
     (RESULTS / f"{name}.json").write_text(json.dumps({"isa": isa, "rows": rows}, indent=2))
     print("\n".join(lines))
     return 0
