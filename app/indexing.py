@@ -36,19 +36,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embedpool.allocator import release_free_memory
+from embedpool.app import recipe
 from embedpool.app.datasets import Record
 from embedpool.app.timed_embedding import embed_by_plan
-from embedpool.app.retrieval import resolve_companion_pooler
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, NotFoundError
-from embedpool.index import CollectionSpec, bytes_per_vector, canonical_analyzer, open_collection
+from embedpool.index import CollectionSpec, bytes_per_vector, open_collection
 from embedpool.poolers import EmbedOptions, Tokenized
 
 JOB_PROPERTY = "embedpool.indexjob"  # the collection property holding the job state
@@ -63,6 +63,8 @@ COMMIT_BYTES = 256 << 20
 DOCUMENT = EmbedOptions(role="document")
 MEASURE_RECORDS = 64
 MEASURE_CHARS = 1 << 20
+#: the job's flags for the collection recipe's options (its errors name the flag)
+FLAGS = {"companion_pooler": "--companion-pooler", "analyzer": "--analyzer", "dimensions": "--dimensions"}
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -133,14 +135,23 @@ class Target:
     name: str
     multi: bool
     plan: str
-    companion_pooler: str | None = None  # multi: the pooler of the companion it keeps (canonical spec)
-    companion_rows: str = "document"  # ... and its rows: one per document, or one per window
+    collection: CollectionSpec | None = None  # the collection recipe's spec of it
     coll: Any = None  # an index.CollectionBase
     committed: int = 0  # input records durably in the collection
     added: int = 0  # input records added (committed or not)
     last_id: str | None = None
     encode_seconds: float = 0.0
     settings: dict = field(default_factory=dict)
+
+    @property
+    def companion_pooler(self) -> str | None:
+        """multi: the pooler of the companion it keeps (canonical spec), else ``None``."""
+        return self.collection.companion_pooler if self.collection is not None else None
+
+    @property
+    def companion_rows(self) -> str:
+        """... and its rows: one per ``document``, or one per ``window``."""
+        return self.collection.companion_rows if self.collection is not None else "document"
 
 
 class IndexJob:
@@ -153,9 +164,9 @@ class IndexJob:
         poolers: pooler specs.
         source: a description of the corpus pinned in the job state (``CorpusSource.describe()``).
         companion_pooler: pooler spec of the companion every multi-vector collection keeps for
-            ``two_stage`` candidates (:func:`app.retrieval.resolve_companion_pooler`: ``mean``,
+            ``two_stage`` candidates (:func:`app.recipe.resolve_companion_pooler`: ``mean``,
             ``fde:...``, a per-window form such as ``mean:per_window=true``, or ``auto``;
-            ``None``: none), written with its documents in the same commits.
+            ``None`` or ``none``: none), written with its documents in the same commits.
         commit_every: commit after this many input records (rounded up to whole calls).
         commit_bytes: commit as well once the vectors added since the last commit take this many
             bytes in their stored precision (what the collections hold in memory until a commit).
@@ -166,7 +177,8 @@ class IndexJob:
             batches).
         factory / storage_precision / token_factory / analyzer: index settings (see
             ``CollectionSpec``; ``analyzer``: the lexical index's, ``none`` for none).
-        dimensions, normalize: post-processing (Matryoshka, L2).
+        dimensions, normalize: post-processing (Matryoshka, L2; a sparse pooler's weights are never
+            normalized).
         store_text: keep document texts in the document store.
         progress: show a tqdm bar on stderr.
         backend, milvus_uri, milvus_token: where the collections live (see
@@ -202,12 +214,12 @@ class IndexJob:
         self.store_text = store_text
         self.progress = progress
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
-        try:
-            analyzer = canonical_analyzer(analyzer)
-        except InvalidError as e:
-            raise InvalidError(f"--analyzer: {e}", param="--analyzer") from None
-        self.index_settings = dict(factory=factory, precision=storage_precision, token_factory=token_factory,
-                                   analyzer=analyzer)
+        # every collection's spec is the collection recipe's, as the HTTP create route's; the job's
+        # normalize (default true) leaves sparse poolers' weights as they are, as the recipe does
+        options = recipe.CollectionOptions(
+            dimensions=dimensions, normalize=None if normalize else False, factory=factory,
+            storage_precision=storage_precision, token_factory=token_factory, analyzer=analyzer,
+            companion_pooler=companion_pooler or recipe.NO_COMPANION)
 
         labels: dict[str, str] = {}
         for p in poolers:
@@ -216,16 +228,13 @@ class IndexJob:
         self.targets: dict[str, Target] = {}
         for spec, label in labels.items():
             pooler = embedder.pooler(spec)
-            self.targets[spec] = Target(spec, label, collection_name(name, label if several else spec, several),
-                                        bool(pooler.multi_vector), pooler.plan.key)
-        for t in self.targets.values():  # every multi-vector collection keeps its companion rows
-            if t.multi:
-                try:
-                    resolved = resolve_companion_pooler(embedder, t.spec, companion_pooler)
-                except InvalidError as e:
-                    raise InvalidError(f"--companion-pooler: {e}", param="--companion-pooler") from None
-                if resolved is not None:
-                    t.companion_pooler, t.companion_rows = resolved
+            self.targets[spec] = t = Target(spec, label, collection_name(name, label if several else spec, several),
+                                            bool(pooler.multi_vector), pooler.plan.key)
+            try:  # the companion option is every multi-vector collection's
+                t.collection = recipe.collection_spec(
+                    embedder, spec, options if t.multi else replace(options, companion_pooler=None))
+            except InvalidError as e:
+                raise recipe.renamed(e, FLAGS) from None
         encoding = {"model": embedder.model_id,
                     "encoder_precision": embedder.encoder.precision,
                     "dimensions": dimensions, "normalize": normalize, "role": "document"}
@@ -240,20 +249,6 @@ class IndexJob:
         self.elapsed = 0.0
 
     # -- collections
-    def collection_spec(self, t: Target) -> CollectionSpec:
-        dim = self.embedder.output_dim(t.spec, self.options.dimensions)
-        normalized = self.options.normalize and not self.embedder.pooler(t.spec).sparse  # SPLADE: raw weights, dot product
-        common = dict(model=self.embedder.model_id, pooler=t.spec, dim=dim, normalized=normalized,
-                      encoder_precision=self.embedder.encoder.precision, analyzer=self.index_settings["analyzer"])
-        if t.multi:
-            comp = {} if t.companion_pooler is None else dict(
-                companion_pooler=t.companion_pooler, companion_rows=t.companion_rows,
-                companion_dim=self.embedder.output_dim(t.companion_pooler, self.options.dimensions),
-                companion_factory=self.index_settings["factory"])
-            return CollectionSpec(kind="multi", precision=self.index_settings["precision"],
-                                  token_factory=self.index_settings["token_factory"], **comp, **common)
-        return CollectionSpec(kind="single", factory=self.index_settings["factory"], **common)
-
     def open(self) -> None:
         """Open or create every collection and load (or start) its job state."""
         try:
@@ -269,7 +264,7 @@ class IndexJob:
                             "name (or delete the collection)")
                 states[t.spec] = state
             for t in self.targets.values():
-                t.coll = open_collection(self.data_dir, t.name, self.collection_spec(t), **self._where)
+                t.coll = open_collection(self.data_dir, t.name, t.collection, **self._where)
                 state = states[t.spec]
                 if state is None:
                     if len(t.coll):

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from embedpool.app.recipe import resolve_companion_pooler  # noqa: F401  (its older home: bench/two_stage_long.py)
 from embedpool.errors import InvalidError
 from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
                              companion_refusal, maxsim_scores, parse_filter)
@@ -72,32 +73,6 @@ def collection_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], 
                            "search it with the model that made it", param="collection")
     return Embedding(spec.pooler, EmbedOptions(role=role, normalize=bool(spec.normalized),
                                                dimensions=None if spec.dim == model_dim else spec.dim))
-
-
-#: the companion pooler a multi-vector collection gets when none is named: one ``mean`` row per
-#: window of a document for a pooler that windows long documents, else one ``mean`` per document
-AUTO_COMPANION = "auto"
-
-
-def resolve_companion_pooler(embedder, pooler: str, companion_pooler: str | None) -> tuple[str, str] | None:
-    """``(canonical pooler spec, rows layout)`` of the companion a multi-vector collection of
-    ``pooler`` keeps for ``two_stage`` candidates (``companion_pooler``: a single-vector pooler
-    spec -- ``mean``, ``fde:...`` -- or its per-window form -- ``mean:per_window=true`` --,
-    ``auto``, or ``None`` for none). Rows are ``window`` for a per-window pooler (one per window
-    of a document), else ``document``."""
-    if companion_pooler is None:
-        return None
-    if companion_pooler == AUTO_COMPANION:
-        windows = embedder.pooler(pooler).plan.kind != "standard"
-        companion_pooler = "mean:per_window=true" if windows else "mean"
-    cp = embedder.pooler(companion_pooler)
-    per_window = bool(getattr(cp, "per_window", False))
-    if cp.multi_vector and not per_window:
-        raise InvalidError(
-            f"companion pooler {companion_pooler!r} gives several vectors per text; a companion is a single-vector "
-            "pooler (mean, fde) or its per-window form (mean:per_window=true: one row per window of a document)",
-            param="companion_pooler")
-    return cp.spec, ("window" if per_window else "document")
 
 
 def companion_embedding(spec: CollectionSpec, model_dim: int | Callable[[str], int],

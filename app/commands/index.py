@@ -82,9 +82,8 @@ def run(args: argparse.Namespace) -> int:
     source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
     embedder = load_embedder(settings)
     poolers = args.poolers or [settings.pooler]
-    companion_pooler = None if str(args.companion_pooler).lower() in ("none", "") else args.companion_pooler
     job = IndexJob(embedder, settings.data_dir, args.collection, poolers, source=source.describe(),
-                   companion_pooler=companion_pooler, factory=args.factory, token_factory=args.token_factory,
+                   companion_pooler=args.companion_pooler, factory=args.factory, token_factory=args.token_factory,
                    dimensions=args.dimensions, normalize=not args.no_normalize, store_text=not args.no_text,
                    **job_options(args), **settings.store())
     with job:

@@ -462,7 +462,9 @@ class CollectionCreate(Strict):
         None, description="default: `multi` for multi-vector poolers, else `single`")
     factory: StrictStr = Field("IDMap2,Flat", max_length=256, description="single: FAISS index factory string")
     metric: Literal["ip", "l2"] = "ip"
-    normalized: StrictBool = True
+    normalized: StrictBool | None = Field(None, description=(
+        "store L2-normalized vectors. Default: true, but false for a sparse pooler (`splade`), whose weights are "
+        "scored by dot product as they are (true for one is a 422)"))
     precision: Literal[STORAGE_PRECISIONS] = Field(  # type: ignore[valid-type]
         "float32", description="multi: token vector storage")
     token_factory: StrictStr = Field("HNSW32", max_length=256, description="multi: FAISS factory of the token ANN index")
@@ -470,9 +472,9 @@ class CollectionCreate(Strict):
         None, validation_alias=AliasChoices("companion_pooler", "companion"),
         description="multi: pooler of the companion -- the single vectors the collection keeps for `two_stage` "
                     "candidates, written with every upsert and delete: `mean`, `fde:...`, a per-window form "
-                    "(`mean:per_window=true`: one row per window of a long document) or `auto` (a per-window "
-                    "mean for poolers that window long documents, else `mean`). Default: none. (`companion` is "
-                    "its older name.)")
+                    "(`mean:per_window=true`: one row per window of a long document), `auto` (a per-window "
+                    "mean for poolers that window long documents, else `mean`) or `none`. Default: `auto`, as "
+                    "`embedpool index` gives (a single-vector collection has none). (`companion` is its older name.)")
     companion_factory: StrictStr = Field("IDMap2,Flat", max_length=256,
                                          description="multi: FAISS factory of the companion index")
     analyzer: StrictStr = Field("english", max_length=64, description=(

@@ -228,13 +228,13 @@ def prompted_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def splade_server(tmp_path_factory):
     """A server running a tiny SPLADE model (tests/splade_testutil.py; started on first use);
-    ``reference`` is sentence-transformers' SparseEncoder on the same folder."""
+    ``reference`` is sentence-transformers' SparseEncoder on the same folder, ``model_path`` the folder."""
     from splade_testutil import make_splade_model
 
     base = tmp_path_factory.mktemp("splade")
     path, st = make_splade_model(base)
     srv = Server(base / "server", {"EMBEDPOOL_MODEL": path, "EMBEDPOOL_PRECISION": "fp32"})
-    srv.reference = st
+    srv.reference, srv.model_path = st, path
     try:
         yield srv.wait_ready()
     finally:

@@ -221,7 +221,7 @@ def test_two_stage_on_a_collection_naming_a_separate_companion_says_what_to_do(s
 def test_two_stage_without_a_companion_is_an_input_error(collections, client, server, embedder, capsys, monkeypatch):
     r = client.post("/collections/agree-l2/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 200  # a single-vector collection has no candidate stage: mode is moot
-    r = client.post("/collections", json={"name": "agree-lonely", "pooler": "tokens"})
+    r = client.post("/collections", json={"name": "agree-lonely", "pooler": "tokens", "companion_pooler": "none"})
     assert r.status_code in (200, 201), r.text
     r = client.post("/collections/agree-lonely/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 422 and "keeps no companion vectors" in r.json()["error"]

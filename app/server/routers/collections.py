@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from embedpool import index
-from embedpool.app import retrieval
+from embedpool.app import recipe, retrieval
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_collections, get_engines
 from embedpool.app.server.limits import check_inputs
@@ -70,15 +70,13 @@ async def _open(collections: Collections, engines: Engines, name: str,
     return coll, engine
 
 
-def _companion(engine: Engine, collections: Collections, spec: str, body: CollectionCreate,
-               dimensions: int | None) -> dict[str, Any]:
-    """The companion fields of a new multi-vector collection's spec (``body.companion_pooler``)."""
-    asked = body.companion_pooler
-    if asked is None:
-        return {}
+def _companion_pooler(engine: Engine, collections: Collections, asked: str | None) -> None:
+    """Check a request's ``companion_pooler`` as every pooler a request names is checked (the
+    recipe resolves it); a collection's name there is the older API's companion."""
+    if asked is None or asked.lower() in (recipe.AUTO_COMPANION, recipe.NO_COMPANION):
+        return
     try:
-        cspec, _ = engine.pooler(asked, field="companion_pooler") if asked != retrieval.AUTO_COMPANION \
-            else (asked, None)
+        engine.pooler(asked, field="companion_pooler")
     except InvalidError:
         if asked in collections.names():  # the older API named a separate companion collection
             raise InvalidError(f"companion_pooler: {asked!r} is a collection; a collection keeps its companion "
@@ -86,16 +84,6 @@ def _companion(engine: Engine, collections: Collections, spec: str, body: Collec
                                "(e.g. \"companion_pooler\": \"mean\", \"fde\" or \"mean:per_window=true\")",
                                param="companion_pooler") from None
         raise
-    cspec, rows = retrieval.resolve_companion_pooler(engine.embedder, spec, cspec)
-    return dict(companion_pooler=cspec, companion_rows=rows, companion_factory=body.companion_factory,
-                companion_dim=engine.embedder.output_dim(cspec, dimensions))
-
-
-def _analyzer(spec: str) -> str:
-    try:
-        return index.canonical_analyzer(spec)
-    except InvalidError as e:
-        raise InvalidError(f"analyzer: {e}", param="analyzer") from None
 
 
 # ---------------------------------------------------------------------- collections
@@ -107,25 +95,24 @@ async def create_collection(body: CollectionCreate, response: Response, engines:
                             dimensions: int | None = Query(None, ge=1, description="Matryoshka: store the first N dimensions")) -> Any:
     """Create a collection for a served model (`model`, default the server's first) and a pooler
     (201), or return the existing one if its settings are the same (200); other settings: 409.
-    The collection records its model: every upsert and search of it is embedded with that model."""
+    The collection records its model: every upsert and search of it is embedded with that model.
+
+    The spec is the collection recipe's (:func:`app.recipe.collection_spec`), as the indexing
+    job's, so a collection made here equals one ``embedpool index`` makes of the same model,
+    pooler and options. ``normalized`` left out (or null) is resolved there: true, but false for a
+    sparse pooler (``splade``: weights scored by dot product as they are); an explicit true for a
+    sparse pooler is a 422 naming ``normalized`` (and ``metric`` ``l2`` one naming ``metric``).
+    ``companion_pooler`` left out (or null) gives a multi-vector collection the job's default
+    companion, ``auto``; ``none`` gives it none."""
     engine = engines.pick(body.model)
     engine.require()
-    spec_str, multi = engine.pooler(body.pooler)
-    kind = body.kind or ("multi" if multi else "single")
-    if multi and kind == "single":
-        raise InvalidError(f"kind: pooler {spec_str!r} gives several vectors per document; use kind 'multi' "
-                           "or a single-vector pooler", param="kind")
-    if not multi and kind == "multi":
-        raise InvalidError(f"kind: pooler {spec_str!r} gives one vector per document; use kind 'single' "
-                           "or a multi-vector pooler (tokens, cluster)", param="kind")
-    if body.companion_pooler is not None and kind != "multi":
-        raise InvalidError("companion_pooler: only multi-vector collections have a companion", param="companion_pooler")
-    engine.check_dimensions(dimensions)
-    spec = index.CollectionSpec(
-        kind=kind, model=engine.embedder.model_id, pooler=spec_str, dim=engine.embedder.output_dim(spec_str, dimensions),
-        metric=body.metric, normalized=body.normalized, factory=body.factory, precision=body.precision,
-        token_factory=body.token_factory, encoder_precision=engine.embedder.encoder.precision,
-        analyzer=_analyzer(body.analyzer), **_companion(engine, collections, spec_str, body, dimensions))
+    pooler, _ = engine.pooler(body.pooler)
+    _companion_pooler(engine, collections, body.companion_pooler)
+    options = recipe.CollectionOptions(
+        kind=body.kind, dimensions=dimensions, normalize=body.normalized, metric=body.metric, factory=body.factory,
+        storage_precision=body.precision, token_factory=body.token_factory, analyzer=body.analyzer,
+        companion_pooler=body.companion_pooler, companion_factory=body.companion_factory)
+    spec = recipe.collection_spec(engine.embedder, pooler, options)
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
     return _info(coll.name, coll.manifest)
