@@ -72,5 +72,9 @@ def test_http_companion_errors_say_what_to_send(client):
     r = client.post("/collections/lw-none/search", json={"query": "x", "mode": "two_stage"})
     assert r.status_code == 422 and "keeps no companion vectors" in r.json()["error"] \
         and "companion_pooler" in r.json()["error"]
+    # asked again with the field left out (as a client made it before multi-vector collections had
+    # a default companion), it is the same collection, not a conflict
+    r = client.post("/collections", json={"name": "lw-none", "pooler": "tokens"})
+    assert r.status_code == 200 and r.json()["companion_pooler"] is None, r.text
     for name in ("lw-single", "lw-auto", "lw-plain", "lw-none"):
         client.delete(f"/collections/{name}")

@@ -108,10 +108,16 @@ async def create_collection(body: CollectionCreate, response: Response, engines:
     engine.require()
     pooler, _ = engine.pooler(body.pooler)
     _companion_pooler(engine, collections, body.companion_pooler)
+    companion = body.companion_pooler
+    if companion is None and body.name in collections.names() \
+            and not collections.manifest(body.name).get("companion_pooler"):
+        # made before multi-vector collections got a default companion: asked again with the
+        # field left out, it is the same collection (200), not other settings (409)
+        companion = recipe.NO_COMPANION
     options = recipe.CollectionOptions(
         kind=body.kind, dimensions=dimensions, normalize=body.normalized, metric=body.metric, factory=body.factory,
         storage_precision=body.precision, token_factory=body.token_factory, analyzer=body.analyzer,
-        companion_pooler=body.companion_pooler, companion_factory=body.companion_factory)
+        companion_pooler=companion, companion_factory=body.companion_factory)
     spec = recipe.collection_spec(engine.embedder, pooler, options)
     coll, created = await run_in_threadpool(collections.create, body.name, spec)
     response.status_code = 201 if created else 200
