@@ -8,7 +8,11 @@ One set of rules for every reader (pinned by ``tests/app/test_datasets.py``):
 
 * **Documents** are ``title + " " + text``, stripped, when they have a title (BEIR); a ``null``
   title or text is empty text. A record without an id (missing or ``null``) or without its text
-  field is an error naming the line; so is a text that is not a string.
+  field is an error naming the line; so is a text that is not a string, and an id or a
+  ``metadata`` object that not every backend can store (:func:`index.check_document`, with the
+  source's ``max_metadata_depth`` / ``max_metadata_bytes``): the error names the line, the id
+  and the value's path (``metadata.v``), and is raised as the record is read, so nothing of the
+  batch it would have joined is written.
 * **JSON lines**: blank lines are skipped; a line that is not a JSON object is an error naming it.
 * **Queries** (``queries.jsonl``): ``_id`` and ``text`` (``null`` text is empty).
 * **Qrels**: a first line whose last column is not an integer is a header (BEIR writes
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from embedpool.errors import InvalidError, NotFoundError, import_extra
+from embedpool.index import MAX_METADATA_BYTES, MAX_METADATA_DEPTH, check_document
 
 FORMATS = ("auto", "beir", "jsonl", "parquet", "text")
 
@@ -66,6 +71,8 @@ class CorpusSource:
             line, the id is the line number starting at 0).
         id_field / text_field: JSON / Parquet field names (default ``_id`` or ``id``, and ``text``).
         title_field: prepended to the text with a space (BEIR: ``title``).
+        max_metadata_depth / max_metadata_bytes: the limits on a record's metadata (the settings
+            of the same names; not part of :meth:`describe`: a rerun may change them).
     """
 
     path: str
@@ -73,6 +80,8 @@ class CorpusSource:
     id_field: str | None = None
     text_field: str | None = None
     title_field: str | None = None
+    max_metadata_depth: int = MAX_METADATA_DEPTH
+    max_metadata_bytes: int = MAX_METADATA_BYTES
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -243,7 +252,15 @@ class CorpusSource:
                 raise InvalidError(f"{where}: field {title_field!r} is not a string", param="--title-field")
             text = document_text(title, text)
         meta = obj.get("metadata")
-        return Record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None)
+        return self._record(str(obj[id_field]), text, meta if isinstance(meta, dict) and meta else None, where)
+
+    def _record(self, doc_id: str, text: str, metadata: dict | None, where: str) -> Record:
+        """The record, if every backend can store its id and metadata (else an error naming
+        ``where``, the id and the value at fault)."""
+        shown = f" (id {doc_id!r})" if doc_id and len(doc_id) <= 80 else ""
+        check_document(doc_id, metadata, context=f"{where}{shown}: ", max_metadata_depth=self.max_metadata_depth,
+                       max_metadata_bytes=self.max_metadata_bytes)
+        return Record(doc_id, text, metadata)
 
     # -- Parquet (streamed by record batches)
     def _read_parquet(self, start: int = 0, stop: int | None = None) -> Iterator[Record]:
@@ -288,7 +305,7 @@ class CorpusSource:
                                "expected a string")
         if title is not None:
             text = document_text(title, text)
-        return Record(str(id_), text)
+        return self._record(str(id_), text, None, f"{self.path}, row {row}")
 
 
 @dataclass(frozen=True)

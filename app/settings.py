@@ -12,7 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from embedpool.errors import InvalidError
-from embedpool.index import BACKENDS, READ_CONSISTENCY
+from embedpool.index import BACKENDS, MAX_METADATA_BYTES, MAX_METADATA_DEPTH, READ_CONSISTENCY
 from embedpool.precisions import ENCODER_PRECISIONS
 
 
@@ -41,6 +41,15 @@ class Settings(BaseSettings):
         "every committed write from any process but waits for the server's time tick (~200 ms a read on a "
         "standalone 2.3 server); Session sees this process's own writes at once and other processes' within "
         "the tick. Writes and the indexing job are always Strong")
+    # what a document may store (checked where documents enter: an upsert, the indexing job's corpus)
+    max_metadata_depth: int = Field(
+        MAX_METADATA_DEPTH, ge=1, le=MAX_METADATA_DEPTH, description="most levels of objects and arrays in a "
+        "document's metadata (the metadata object is level 1); deeper is a 422 naming the value. At most "
+        f"{MAX_METADATA_DEPTH}: every answer renders that deep")
+    max_metadata_bytes: int = Field(
+        MAX_METADATA_BYTES, ge=2, description="largest metadata of one document, as compact UTF-8 JSON; larger is "
+        f"a 422. The default is what every backend stores (a Milvus JSON field holds {MAX_METADATA_BYTES:,} "
+        "bytes: Milvus refuses more whatever this says); FAISS folders store more")
     # service
     host: str = Field("127.0.0.1", description="address the HTTP service listens on")
     port: int = Field(8000, description="port of the HTTP service")
@@ -68,6 +77,10 @@ class Settings(BaseSettings):
                                     "Give the container manager longer (docker stop -t, compose stop_grace_period)")
     allow_pooler_paths: bool = Field(False, description="let requests name pooler weight files (attention:weights=PATH)")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="server log level")
+
+    def stored_limits(self) -> dict[str, int]:
+        """The limits on what a document stores: the keywords of :func:`index.check_document`."""
+        return {"max_metadata_depth": self.max_metadata_depth, "max_metadata_bytes": self.max_metadata_bytes}
 
     def store(self, *, reads: bool = False) -> dict[str, Any]:
         """Where collections live: the ``backend``/``milvus_uri``/``milvus_token`` keyword
@@ -104,6 +117,16 @@ def add_storage_args(parser: argparse.ArgumentParser, *, reads: bool = True) -> 
         parser.add_argument("--milvus-consistency", choices=list(READ_CONSISTENCY),
                             help="consistency of reads on a Milvus server; default Strong "
                             "(env EMBEDPOOL_MILVUS_CONSISTENCY)")
+
+
+def add_stored_value_args(parser: argparse.ArgumentParser) -> None:
+    """The limits on what a document stores (the commands that write documents: serve, index)."""
+    parser.add_argument("--max-metadata-depth", type=int, metavar="N",
+                        help=f"most levels of objects and arrays in a document's metadata (default and most "
+                             f"{MAX_METADATA_DEPTH}; env EMBEDPOOL_MAX_METADATA_DEPTH)")
+    parser.add_argument("--max-metadata-bytes", type=int, metavar="N",
+                        help=f"largest metadata of one document as compact JSON (default {MAX_METADATA_BYTES:,}: "
+                             "what every backend stores; env EMBEDPOOL_MAX_METADATA_BYTES)")
 
 
 def from_args(args: argparse.Namespace, **overrides: Any) -> Settings:

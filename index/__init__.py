@@ -30,6 +30,8 @@ from .fusion import FUSIONS
 from .lexical import LANGUAGES, canonical_analyzer
 from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
 from .spec import FORMAT_VERSION, CollectionSpec
+from .validate import (INT_MAX, INT_MIN, MAX_ID_BYTES, MAX_METADATA_BYTES, MAX_METADATA_DEPTH, check_document,
+                       check_unicode)
 
 __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
@@ -37,6 +39,8 @@ __all__ = [
     "BACKENDS", "READ_CONSISTENCY", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
     "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
+    "check_document", "check_unicode", "INT_MIN", "INT_MAX", "MAX_ID_BYTES", "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
 ]
 
 

@@ -338,11 +338,20 @@ def user_metadata(stored: dict | None) -> dict | None:
     return stored
 
 
+def quote(s: str) -> str:
+    """A Milvus expression's string literal of ``s``. Milvus' parser knows the escapes ``\\\\``,
+    ``\\"``, ``\\n``, ``\\r`` and ``\\t`` but not JSON's ``\\uXXXX``, and takes every other
+    character (NUL and the other control characters too) as it is."""
+    for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        s = s.replace(a, b)
+    return f'"{s}"'
+
+
 def _lit(v: Scalar) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return quote(v)
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
@@ -362,7 +371,7 @@ def _with_bool_twins(values: tuple[Scalar, ...] | list[Scalar]) -> list[Scalar]:
 def to_milvus(node: Node, field: str = "metadata") -> str:
     """The Milvus boolean expression of ``node`` over the JSON field ``field``."""
     def path(key: str, dates: bool = False) -> str:
-        k = json.dumps(key, ensure_ascii=False)
+        k = quote(key)
         return f'{field}["{DATES_KEY}"][{k}]' if dates else f"{field}[{k}]"
 
     def go(n: Node) -> str:
@@ -379,13 +388,13 @@ def to_milvus(node: Node, field: str = "metadata") -> str:
             if n.hi is not None:
                 conds.append(f"{p} {'<=' if n.hi_incl else '<'} {_lit(n.hi)}")
             return "(" + " and ".join(conds) + ")"
-        # Milvus takes no ``in`` on a JSON path: an OR of equalities, and json_contains(_any)
-        # for list values; a NOT over a missing key is not true there, hence the exists term
+        # Milvus takes no ``in`` on a JSON path: an OR of equalities, and json_contains_any for
+        # list values (not json_contains, even for one value: Milvus Lite does not parse a negative
+        # number there); a NOT over a missing key is not true there, hence the exists term
         p = path(n.key)
         eqs = " or ".join(f"{p} == {_lit(v)}" for v in _with_bool_twins(n.values))
         vals = ", ".join(_lit(v) for v in n.values)
-        e = (f"({eqs} or json_contains({p}, {_lit(n.values[0])}))" if len(n.values) == 1
-             else f"({eqs} or json_contains_any({p}, [{vals}]))")
+        e = f"({eqs} or json_contains_any({p}, [{vals}]))"
         return f"((not {e}) or (not (exists {p})))" if n.negate else e
 
     return go(node)

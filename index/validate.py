@@ -3,20 +3,159 @@
 Each function validates one argument and raises :class:`InvalidError` or
 :class:`ConflictError` with a message saying what is wrong and what to do; on success it
 returns the argument in canonical form (lists of str, contiguous float32 arrays, JSON strings).
+
+What a document may store (:func:`check_document`, the one check of ids and metadata that the
+HTTP upsert route, the indexing job's corpus reader and ``add`` itself apply) is what every
+backend stores and returns exactly and every JSON answer renders (docs/api.md, "What can be
+stored"): an id of 1 to :data:`MAX_ID_BYTES` bytes of valid Unicode; metadata a JSON object of
+valid Unicode strings, finite numbers, integers within :data:`INT_MIN` .. :data:`INT_MAX`,
+``true``/``false``/``null``, arrays and objects nested at most ``max_metadata_depth`` levels,
+at most ``max_metadata_bytes`` bytes as compact JSON, without the reserved top-level key
+:data:`filters.DATES_KEY`. Anything else is an :class:`InvalidError` whose ``param`` is the
+path of the value at fault (``documents[3].metadata.v``) and whose message names the limit.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from embedpool.errors import ConflictError, InvalidError
+from .filters import DATES_KEY
 from .spec import CollectionSpec
 
 NORM_TOL = 1e-2
+
+#: The integers every backend stores, filters on and returns exactly: signed 64-bit. The FAISS
+#: document store's filter rows are SQLite INTEGERs, Milvus reads JSON integers and expression
+#: literals as int64; orjson would render up to 2**64 - 1, but a filter could not reach those.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+#: The deepest metadata (levels of objects and arrays, the metadata object itself level 1) every
+#: answer renders: orjson renders 254 levels, and a search answer puts metadata 4 levels down.
+MAX_METADATA_DEPTH = 200
+#: The largest metadata, as compact UTF-8 JSON, every backend stores: a Milvus JSON field holds
+#: 65,536 bytes (Milvus' documentation, "JSON Field", limits).
+MAX_METADATA_BYTES = 65_536
+#: The longest id every backend stores, in UTF-8 bytes (the Milvus primary key's VARCHAR).
+MAX_ID_BYTES = 512
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SHOWN = 40  # characters of a long key or value a message shows
+
+
+def check_unicode(value: str, where: str = "", context: str = "") -> str:
+    """``value`` if it is valid Unicode, else :class:`InvalidError` about ``where`` (``context``
+    starts the message): JSON's
+    ``\\ud800`` escape (a lone surrogate) decodes to a string no tokenizer, store or JSON
+    encoder downstream can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        message = (f"not valid Unicode: a lone surrogate {value[e.start]!r} at character {e.start}; send UTF-8 "
+                   "text (a \\uXXXX escape outside the BMP needs both halves of its surrogate pair)")
+        raise InvalidError(context + (f"{where}: {message}" if where else message), param=where or None) from None
+    return value
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _child(path: str, key: str) -> str:
+    """The path of ``key`` in the object at ``path``: ``path.key``, or ``path["a key"]``."""
+    if _NAME.match(key) and len(key) <= _SHOWN:
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(_shown(key))}]"
+
+
+def check_document_id(doc_id: Any, path: str = "id", context: str = "") -> str:
+    """A document id every backend stores: a non-empty string of valid Unicode, at most
+    :data:`MAX_ID_BYTES` bytes as UTF-8 (``context`` starts the message: where the record is)."""
+    if not isinstance(doc_id, str) or not doc_id:
+        raise InvalidError(f"{context}{path}: an id must be a non-empty string, got {_shown(repr(doc_id))}", param=path)
+    check_unicode(doc_id, path, context)
+    n = len(doc_id.encode("utf-8"))
+    if n > MAX_ID_BYTES:
+        raise InvalidError(f"{context}{path}: {_shown(repr(doc_id))} is {n} bytes as UTF-8; an id has at most "
+                           f"{MAX_ID_BYTES} bytes (what every backend stores)", param=path)
+    return doc_id
+
+
+def check_metadata_value(metadata: Any, path: str = "metadata", *, max_metadata_depth: int = MAX_METADATA_DEPTH,
+                         max_metadata_bytes: int | None = MAX_METADATA_BYTES, context: str = "") -> str | None:
+    """One document's metadata as the compact JSON text every backend stores (``None`` stays
+    ``None``), or :class:`InvalidError` naming the path of the value at fault and the limit it
+    breaks (``context`` starts the message: where the document is). ``max_metadata_bytes``
+    ``None``: no size limit (a backend checks its own)."""
+    if metadata is None:
+        return None
+
+    def bad(where: str, problem: str) -> InvalidError:
+        return InvalidError(f"{context}{where}: {problem}", param=where)
+
+    if not isinstance(metadata, dict):
+        raise bad(path, f"metadata must be a JSON object or null, got {type(metadata).__name__}")
+    depth_limit = min(max_metadata_depth, MAX_METADATA_DEPTH)
+    todo: list[tuple[Any, str, int]] = [(metadata, path, 1)]  # a stack, not recursion: any depth is checked
+    while todo:
+        value, where, depth = todo.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth > depth_limit:
+                raise bad(where, f"nested {depth} levels deep (objects and arrays, the metadata object is level 1); "
+                                 f"the limit is max_metadata_depth = {depth_limit}")
+            if isinstance(value, dict):
+                children = []
+                for key, v in value.items():
+                    if not isinstance(key, str):
+                        raise bad(where, f"key {_shown(repr(key))} is {type(key).__name__}; JSON keys are strings")
+                    child = _child(where, key)
+                    check_unicode(key, child, context)
+                    if depth == 1 and key == DATES_KEY:
+                        raise bad(child, f"the top-level key {DATES_KEY!r} is reserved (the Milvus backend keeps "
+                                         "the instants of date strings under it); use another key")
+                    children.append((v, child, depth + 1))
+            else:
+                children = [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+            todo.extend(reversed(children))  # the first value at fault in document order is the one named
+        elif isinstance(value, str):
+            check_unicode(value, where, context)
+        elif value is None or isinstance(value, bool):
+            continue
+        elif isinstance(value, int):
+            if not INT_MIN <= value <= INT_MAX:
+                raise bad(where, f"the integer {_shown(str(value))} is outside the 64-bit range every backend "
+                                 f"stores exactly, -2^63 .. 2^63-1 ({INT_MIN} .. {INT_MAX}); send it as a "
+                                 "string (or a float, if approximate is fine)")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                shown = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+                raise bad(where, f"{shown} is not a finite number: JSON has no NaN or infinity (a literal "
+                                 "such as 1e400 overflows to infinity); send a finite number, a string or null")
+        else:
+            raise bad(where, f"{type(value).__name__} is not a JSON value (object, array, string, number, "
+                             "true, false or null)")
+    text = json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    if max_metadata_bytes is not None:
+        n = len(text.encode("utf-8"))
+        if n > max_metadata_bytes:
+            raise bad(path, f"{n:,} bytes as compact JSON; the limit is max_metadata_bytes = {max_metadata_bytes:,}")
+    return text
+
+
+def check_document(doc_id: Any, metadata: Any, path: str = "", *, max_metadata_depth: int = MAX_METADATA_DEPTH,
+                   max_metadata_bytes: int | None = MAX_METADATA_BYTES, context: str = "") -> str | None:
+    """The one check of what a document stores besides its text and vectors, where documents
+    enter (an upsert's ``documents[3]``, a corpus record): its id
+    (:func:`check_document_id`) and its metadata (:func:`check_metadata_value`, whose JSON text
+    it returns), the fields named under ``path``."""
+    prefix = f"{path}." if path else ""
+    check_document_id(doc_id, prefix + "id", context)
+    return check_metadata_value(metadata, prefix + "metadata", max_metadata_depth=max_metadata_depth,
+                                max_metadata_bytes=max_metadata_bytes, context=context)
 
 
 def preview(items: Sequence[str], n: int = 5) -> str:
@@ -57,18 +196,9 @@ def check_metadata(metadata: Any, ids: list[str]) -> list[str | None]:
     metadata = list(metadata)
     if len(metadata) != len(ids):
         raise InvalidError(f"{len(ids)} ids but {len(metadata)} metadata entries", param="metadata")
-    out = []
-    for i, m in zip(ids, metadata):
-        if m is None:
-            out.append(None)
-            continue
-        if not isinstance(m, dict):
-            raise InvalidError(f"metadata of id {i!r} must be a dict or None", param="metadata")
-        try:
-            out.append(json.dumps(m, ensure_ascii=False, allow_nan=False))
-        except (TypeError, ValueError) as e:
-            raise InvalidError(f"metadata of id {i!r} is not JSON-serializable: {e}", param="metadata") from None
-    return out
+    # what every backend stores and every answer renders (:func:`check_metadata_value`); the
+    # size is the caller's limit (a backend with one checks its own)
+    return [check_metadata_value(m, context=f"id {i!r}: ", max_metadata_bytes=None) for i, m in zip(ids, metadata)]
 
 
 def check_positive_int(name: str, value: Any) -> int:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from embedpool.app.commands.common import add_job_args, command, job_options
-from embedpool.app.settings import from_args, load_embedder
+from embedpool.app.settings import add_stored_value_args, from_args, load_embedder
 from embedpool.errors import import_extra
 
 
@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--id-field", help="id field of JSON lines / Parquet (default _id or id)")
     p.add_argument("--text-field", help="text field (default text)")
     p.add_argument("--title-field", help="field prepended to the text (BEIR: title)")
+    add_stored_value_args(p)
     add_job_args(p, commit_every=1000)
     p.add_argument("--companion-pooler", "--companion", dest="companion_pooler", default="auto", metavar="SPEC",
                    help="pooler of the companion every multi-vector collection keeps for two_stage candidates: "
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runner == "ray":  # before the model loads
         import_extra("ray", "ray", "--runner ray")
     settings = from_args(args)
-    source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field)
+    source = CorpusSource(args.corpus, args.format, args.id_field, args.text_field, args.title_field,
+                          **settings.stored_limits())
     embedder = load_embedder(settings)
     poolers = args.poolers or [settings.pooler]
     job = IndexJob(embedder, settings.data_dir, args.collection, poolers, source=source.describe(),

@@ -7,7 +7,7 @@ import logging
 import os
 
 from embedpool.app.commands.common import command
-from embedpool.app.settings import Settings, from_args
+from embedpool.app.settings import Settings, add_stored_value_args, from_args
 
 
 def register(sub) -> None:
@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--max-client-batch", type=int, help="most inputs per request (413 above)")
     p.add_argument("--max-input-chars", type=int, help="longest input in characters (413 above)")
     p.add_argument("--max-payload-bytes", type=int, help="largest request body (413 above)")
+    add_stored_value_args(p)
     p.add_argument("--max-queue", type=int, help="inputs waiting before 429")
     p.add_argument("--max-wait-ms", type=float,
                    help="longest wait to fill a batch (only after the model was idle, for clients of the previous round)")

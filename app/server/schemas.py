@@ -14,45 +14,16 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
-    field_validator,
     model_validator,
 )
 
-from embedpool.index import ALL_MODES, FUSIONS, LANGUAGES, SEARCH_MODES
+from embedpool.index import ALL_MODES, FUSIONS, LANGUAGES, SEARCH_MODES, check_unicode
 from embedpool.precisions import OUTPUT_PRECISIONS, STORAGE_PRECISIONS
 
 
-def _unicode(value: str) -> str:
-    """Refuse a string that is not valid Unicode: JSON's ``\\ud800`` escape (a lone surrogate)
-    decodes to one, and no tokenizer, store or JSON encoder downstream can take it."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"not valid Unicode: a lone surrogate {value[e.start]!r} at character {e.start}; "
-                         "send UTF-8 text (a \\uXXXX escape outside the BMP needs both halves of its "
-                         "surrogate pair)") from None
-    return value
-
-
-def _unicode_tree(value: Any, where: str = "") -> Any:
-    """:func:`_unicode` for every key and string of a JSON value (metadata)."""
-    if isinstance(value, str):
-        try:
-            return _unicode(value)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}" if where else str(e)) from None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _unicode_tree(k, f"{where} key {k!r}".strip())
-            _unicode_tree(v, f"{where}[{k!r}]")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _unicode_tree(v, f"{where}[{i}]")
-    return value
-
-
-#: A text field: a JSON string that is valid Unicode.
-Text = Annotated[StrictStr, AfterValidator(_unicode)]
+#: A text field: a JSON string that is valid Unicode (:func:`index.check_unicode`: JSON's
+#: ``\\ud800`` escape decodes to a lone surrogate).
+Text = Annotated[StrictStr, AfterValidator(check_unicode)]
 
 Role = Literal["query", "document"]
 PoolerSpec = Annotated[StrictStr, Field(min_length=1, max_length=256,
@@ -515,14 +486,15 @@ class Deleted(BaseModel):
 
 
 class DocumentIn(Strict):
-    id: Text = Field(..., min_length=1, max_length=512)
-    text: Text
-    metadata: dict[str, Any] | None = None
+    """A document to upsert; its id and metadata are checked by the route against what every
+    backend stores (:func:`index.check_document`: docs/api.md, "What can be stored")."""
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_unicode(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _unicode_tree(v)
+    id: Text = Field(..., min_length=1, max_length=512, description="1 to 512 characters, at most 512 bytes as UTF-8")
+    text: Text
+    metadata: dict[str, Any] | None = Field(None, description=(
+        "a JSON object: integers within -2^63 .. 2^63-1, finite numbers, nested at most `max_metadata_depth` levels, "
+        "at most `max_metadata_bytes` bytes as compact JSON (/info lists both); the top-level key `_embedpool_dates` "
+        "is reserved"))
 
 
 class DocumentsIn(Strict):

@@ -16,16 +16,16 @@ from ..backends import READ_CONSISTENCY
 from ..base import check_new_spec, check_property, require_spec
 from ..durable import now_iso
 from embedpool.errors import ConflictError, InternalError, InvalidError, NotFoundError, UnavailableError
-from ..filters import Node, milvus_metadata, to_milvus
+from ..filters import DATES_KEY, Node, milvus_metadata, quote, to_milvus
 from ..int8scan import maxsim_topk
 from ..maxsim import bytes_per_vector, dequantize, maxsim_scores
 from ..spec import CollectionSpec, check_name
-from ..validate import topk
+from ..validate import MAX_METADATA_BYTES, topk
 from .clock import InsertionClock
 from .connection import ClientPool, Connection, is_lite, not_loaded
 from .creation import MANIFEST_KEY, create_if_absent, damage, describe, repair
 from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
-from .names import milvus_name, pk, quote
+from .names import milvus_name, pk
 from .packed import Packing
 from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, SPARSE_FIELD, companion_rows_name,
                      doc_counts, text_and_metadata, tokens_name, vector_rows, with_stand_ins)
@@ -224,6 +224,7 @@ class MilvusCollection(CollectionBase):
             return
         _check_sizes(ids, texts_)
         meta = [None if m is None else milvus_metadata(json.loads(m)) for m in metas]
+        _check_metadata_sizes(ids, metas, meta)
         seq = InsertionClock.take(len(ids))
         with self._wlock:
             self._check_open()
@@ -277,8 +278,13 @@ class MilvusCollection(CollectionBase):
             self._delete_rows(stale[f], coll)
 
     def _delete_rows(self, pks: list[str], coll: str | None = None) -> None:
+        """Delete rows by primary key (``coll``: of the token or companion rows). Not
+        ``client.delete(ids=...)``: it quotes string keys without escaping, so a key with a quote
+        or a backslash made the expression invalid (such a document could not be deleted)."""
+        key = "pk" if self._multi or coll is not None else "id"
         for b in _batches(pks, _DELETE_ROWS):
-            self._rpc(f"delete from {self.name!r}", "delete", ids=b, coll=coll)
+            self._rpc(f"delete from {self.name!r}", "delete", filter=f"{key} in [{', '.join(map(quote, b))}]",
+                      coll=coll)
 
     def delete(self, ids: Sequence[str]) -> None:
         """Delete documents by id. Any unknown id: :class:`NotFoundError`, nothing deleted."""
@@ -712,6 +718,21 @@ def _check_sizes(ids: list[str], texts: list[str | None]) -> None:
             raise InvalidError(
                 f"text of id {i!r} is {len(t.encode())} bytes; Milvus stores at most "
                 f"{MAX_TEXT_BYTES} bytes of text per document", param="texts")
+
+
+def _check_metadata_sizes(ids: list[str], texts: list[str | None], stored: list[Any]) -> None:
+    """Milvus' limit on a JSON field, on the metadata as stored (with the instants of its dates,
+    :func:`index.filters.milvus_metadata`); checked before anything is written."""
+    for i, text, m in zip(ids, texts, stored):
+        if m is None:
+            continue
+        if DATES_KEY in m:
+            text = json.dumps(m, ensure_ascii=False, separators=(",", ":"))
+        n = len(text.encode("utf-8"))
+        if n > MAX_METADATA_BYTES:
+            raise InvalidError(f"metadata of id {i!r} is {n:,} bytes as JSON; a Milvus JSON field holds at most "
+                               f"{MAX_METADATA_BYTES:,} bytes (the limit every backend stores: max_metadata_bytes)",
+                               param="metadata")
 
 
 def _count_rows(conn: Connection, name: str) -> int:

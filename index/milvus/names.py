@@ -1,5 +1,5 @@
 """Names and keys in Milvus: embedpool collection names <-> Milvus collection names (Milvus
-allows only ``[A-Za-z0-9_]``), filter string literals, multi-vector row keys."""
+allows only ``[A-Za-z0-9_]``), multi-vector row keys (filter string literals: :func:`index.filters.quote`)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,6 @@ def embedpool_name(mname: str) -> str | None:
             out.append(s[i])
             i += 1
     return "".join(out) or None
-
-
-def quote(s: str) -> str:
-    """A Milvus filter string literal."""
-    for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
-        s = s.replace(a, b)
-    return f'"{s}"'
 
 
 def pk(doc_id: str, pos: int) -> str:

@@ -56,10 +56,10 @@ from typing import Any
 from ..filters import user_metadata
 from ..lexical import milvus_analyzer, parse_analyzer
 from ..spec import CollectionSpec
+from ..validate import MAX_ID_BYTES
 from .mapping import metric, milvus_index, vector_factory
 from .versions import MilvusFeatures
 
-MAX_ID_BYTES = 512
 MAX_TEXT_BYTES = 65_535
 #: Layout version of multi-vector collections, recorded in the manifest (``milvus_layout``).
 #: 1 (no key): one row per token vector; 2: packed document rows + token rows.

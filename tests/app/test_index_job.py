@@ -239,3 +239,46 @@ def test_the_analyzer_is_a_collection_setting(embedder, tmp_path):
                     coll.search(k=2, mode="bm25", texts=["Katze"])
             else:  # the German stemmer: 'Katze' finds 'Katzen'
                 assert [h.id for h in coll.search(k=2, mode="bm25", texts=["Katze"])[0]] == ["a"]
+
+
+def test_a_record_no_backend_stores_fails_naming_its_line_before_its_batch_is_written(embedder, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A corpus record whose id or metadata not every backend stores (issue 50) stops the job with
+    an error naming the file, line, id and the value's path, raised as the record is read: the
+    records of its batch (here records 8-11: calls of 4) are not written, the committed ones stay,
+    and a rerun on the corrected corpus resumes. The CLI takes the limits as flags."""
+    from embedpool.app import cli
+    from embedpool.app.commands import index as index_cmd
+
+    corpus = tmp_path / "corpus.jsonl"
+    records = [{"_id": f"r{i}", "text": f"record number {i}", "metadata": {"n": i}} for i in range(12)]
+    records[9]["metadata"] = {"n": [1, 2 ** 64]}
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    src = CorpusSource(str(corpus))
+    options = dict(source=src.describe(), commit_every=4, batch_docs=4, progress=False)
+    with pytest.raises(InvalidError) as e:
+        with IndexJob(embedder, tmp_path / "d", "c", ["mean"], **options) as job:
+            job.run(src.records(), total=12)
+    assert str(e.value).startswith(f"{corpus}, line 10 (id 'r9'): metadata.n[1]: the integer 18446744073709551616 "
+                                   "is outside the 64-bit range"), str(e.value)
+    with FaissCollection.open(tmp_path / "d", "c") as coll:
+        assert coll.ids() == [f"r{i}" for i in range(8)]
+    records[9]["metadata"] = {"n": [1, str(2 ** 64)]}  # as the message says: a string
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with IndexJob(embedder, tmp_path / "d", "c", ["mean"], **options) as job:
+        job.run(CorpusSource(str(corpus)).records(), total=12)
+    with FaissCollection.open(tmp_path / "d", "c") as coll:
+        assert len(coll) == 12 and coll.get("r9")["metadata"] == {"n": [1, "18446744073709551616"]}
+
+    monkeypatch.setattr(index_cmd, "load_embedder", lambda settings: embedder)
+    records[3]["metadata"] = {"deep": {"er": [1]}}
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = ["index", str(corpus), "--data-dir", str(tmp_path / "cli"), "--collection", "c", "--no-progress"]
+    assert cli.main([*argv, "--max-metadata-depth", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{corpus}, line 4 (id 'r3'): metadata.deep.er: nested 3 levels deep" in err, err
+    assert "max_metadata_depth = 2" in err and "Traceback" not in err
+    assert cli.main([*argv, "--max-metadata-depth", "3", "--max-metadata-bytes", "20"]) == 2
+    assert "line 10 (id 'r9'): metadata: 32 bytes as compact JSON; the limit is max_metadata_bytes = 20" \
+        in capsys.readouterr().err
+    assert cli.main(argv) == 0

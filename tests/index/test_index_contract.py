@@ -16,6 +16,8 @@ import pytest
 
 from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from embedpool.index import (
+    INT_MAX,
+    INT_MIN,
     CollectionBase,
     CollectionSpec,
     FORMAT_VERSION,
@@ -25,6 +27,7 @@ from embedpool.index import (
     list_collections,
     open_collection,
     read_collection_manifest,
+    check_document,
 )
 from embedpool.index.milvus import ClientPool, MilvusCollection
 from index_testutil import naive_maxsim, rand_docs, rand_unit, unit
@@ -437,3 +440,108 @@ def test_companion_rows_are_required_checked_and_refused_as_a_whole(where):
         with pytest.raises(InvalidError, match="keeps no companion"):
             plain.add(["x"], [docs[0]], companion=vecs[:1])
         assert len(plain) == 0
+
+
+# ---------------------------------------------------------------------- what a document stores (issue 50)
+#: values at the edges of what every backend stores: they come back exactly (type, sign, every
+#: character) after a reopen, and a filter on each finds its document
+EDGES = {"max": INT_MAX, "min": INT_MIN, "tiny": 5e-324, "huge": 1.7976931348623157e308, "neg0": -0.0,
+         "tenth": 0.1, "one": 1, "onef": 1.0, "nul": "a\x00b", "marks": "e\u0301\u0302", "emoji": "🙂👩‍👩‍👧",
+         "rtl": "\u202eשלום\u202c", "ctl": "\x01\x1f\x7f\u2028", 'q"uo\\te': "a key with a quote and a backslash",
+         "": "the empty key", "nested": {"l": [1, [2.5, None, True, {"x": "y"}]]}, "date": "2024-01-31"}
+#: ids a Milvus expression must quote: each is written, found, replaced and deleted like any other
+ODD_IDS = ['q"uote', "ap'os", "back\\slash", "nul\x00id", "line\nbreak", "é🙂\u202e"]
+
+
+def _exact(value) -> str:
+    """``value`` as JSON that tells 1 from 1.0 and -0.0 from 0.0 (key order aside)."""
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("spec", [SINGLE, MULTI], ids=["single", "multi"])
+def test_stored_values_come_back_exactly_and_filters_find_them(where, spec):
+    rng = np.random.default_rng(5)
+    ids = ["edges", *ODD_IDS]
+    metas = [EDGES] + [{"k": i} for i in ODD_IDS]
+    texts = ["x\x00y e\u0301 🙂 \u202eשלום", *ODD_IDS]
+    vecs = rand_unit(rng, len(ids), DIM) if spec.kind == "single" else rand_docs(rng, len(ids), DIM, 2, 4)
+    query = vecs[:1] if spec.kind == "single" else [vecs[0]]
+    with _open(where, "sv", spec) as coll:
+        coll.add(ids, vecs, texts=texts, metadata=metas)
+        coll.commit()
+        for i, text, meta in zip(ids, texts, metas):
+            got = coll.get(i)
+            assert (got["id"], got["text"], _exact(got["metadata"])) == (i, text, _exact(meta))
+        for key, value in EDGES.items():
+            if key and not isinstance(value, dict):
+                assert [h.id for h in coll.search(query, k=10, filter={key: value})[0]] == ["edges"], key
+        for i in ODD_IDS:
+            assert [h.id for h in coll.search(query, k=10, filter={"k": i})[0]] == [i], repr(i)
+        shorter = rand_unit(rng, 3, DIM) if spec.kind == "single" else rand_docs(rng, 3, DIM, 1, 1)
+        coll.add(ODD_IDS[:3], shorter, texts=["replaced"] * 3)  # multi: the stale rows of longer ones go
+        coll.delete(ODD_IDS[3:])
+        coll.commit()
+    with _open(where, "sv") as coll:
+        assert sorted(coll.ids()) == sorted(["edges", *ODD_IDS[:3]])
+        assert _exact(coll.get("edges")["metadata"]) == _exact(EDGES)
+        assert [coll.get(i)["text"] for i in ODD_IDS[:3]] == ["replaced"] * 3
+        if spec.kind == "multi":
+            assert coll.stats()["vectors"] == len(vecs[0]) + 3  # no stray rows of the longer versions
+
+
+def _deep(levels: int) -> dict:
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value  # type: ignore[return-value]
+
+
+def test_values_not_every_backend_stores_are_refused_by_path_and_nothing_is_written(where):
+    """What no backend stores exactly or no answer renders is refused by ``add`` itself (the HTTP
+    route and the indexing job check it first, with their limits): an :class:`InvalidError` whose
+    ``param`` is the path of the value, and the whole batch is left out."""
+    rng = np.random.default_rng(6)
+    with _open(where, "rv", SINGLE) as coll:
+        coll.add(["kept"], rand_unit(rng, 1, DIM), metadata=[{"v": INT_MAX}])
+        refused = [
+            ({"v": INT_MAX + 1}, "metadata.v", r"-2\^63 \.\. 2\^63-1"),
+            ({"v": [1, INT_MIN - 1]}, "metadata.v[1]", r"outside the 64-bit range"),
+            ({"v": float("nan")}, "metadata.v", "NaN is not a finite number"),
+            ({"v": {"w": float("-inf")}}, "metadata.v.w", "-Infinity is not a finite number"),
+            ({"_embedpool_dates": {}}, "metadata._embedpool_dates", "reserved"),
+            ({1: "x"}, "metadata", "JSON keys are strings"),
+            ({"s": "x\ud800"}, "metadata.s", "lone surrogate"),
+            ({"\ud800": 1}, 'metadata["\\ud800"]', "lone surrogate"),
+            ({"v": {1, 2}}, "metadata.v", "set is not a JSON value"),
+            (_deep(201), "metadata" + ".a" * 200, "nested 201 levels deep.*max_metadata_depth = 200"),
+            (["not", "an object"], "metadata", "must be a JSON object"),
+        ]
+        for meta, path, match in refused:
+            with pytest.raises(InvalidError, match=match) as e:
+                coll.add(["new", "bad"], rand_unit(rng, 2, DIM), metadata=[{"ok": 1}, meta])
+            assert e.value.param == path and "id 'bad'" in e.value.message, (path, e.value.param)
+            assert coll.ids() == ["kept"], path
+        coll.add(["deep"], rand_unit(rng, 1, DIM), metadata=[_deep(200)])
+        coll.commit()
+        assert coll.get("deep")["metadata"] == _deep(200) and coll.get("kept")["metadata"] == {"v": INT_MAX}
+
+
+def test_the_one_check_of_what_a_document_stores():
+    """``check_document``: the check the HTTP route and the indexing job make with their limits,
+    naming each value by its path under the caller's field."""
+    assert check_document("a", None) is None
+    assert check_document("a", {"v": [1, 2.5]}, "documents[0]") == '{"v":[1,2.5]}'
+    assert check_document("é" * 256, {"s": "x" * 6}, max_metadata_bytes=len('{"s":"xxxxxx"}')) is not None
+    refused = [
+        (("", None), "documents[3].id", "non-empty string"),
+        (("é" * 256 + "x", None), "documents[3].id", "513 bytes as UTF-8; an id has at most 512"),
+        (("a\udfff", None), "documents[3].id", "lone surrogate"),
+        (("a", {"s": "x" * 7}), "documents[3].metadata", "15 bytes as compact JSON; the limit is max_metadata_bytes = 14"),
+        (("a", {"k" * 50: [{"v": 2 ** 64}]}), 'documents[3].metadata["' + "k" * 40 + '..."][0].v', "18446744073709551616"),
+        (("a", {"a": {"b": [[1]]}}), "documents[3].metadata.a.b[0]", "nested 4 levels deep.*max_metadata_depth = 3"),
+    ]
+    for (doc_id, meta), path, match in refused:
+        with pytest.raises(InvalidError, match=match) as e:
+            check_document(doc_id, meta, "documents[3]", max_metadata_depth=3, max_metadata_bytes=14,
+                           context="corpus.jsonl, line 4: ")
+        assert e.value.param == path and e.value.message.startswith(f"corpus.jsonl, line 4: {path}: "), e.value.message

@@ -8,6 +8,7 @@ Milvus Lite engine is left running.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pymilvus  # noqa: F401
 
 from embedpool.errors import ConflictError, InvalidError, NotFoundError, UnavailableError
 from embedpool.index import (
+    MAX_METADATA_BYTES,
     CollectionSpec,
     FORMAT_VERSION,
     FaissCollection,
@@ -135,6 +137,26 @@ def test_bad_input_is_refused(mv, rng):
     with pytest.raises(InvalidError, match="bytes"):
         coll.add(["a"], rand_unit(rng, 1, DIM), texts=["x" * 70_000])
     assert len(coll) == 0
+
+
+def test_metadata_over_a_milvus_json_field_is_refused_before_anything_is_written(mv, rng, tmp_path):
+    """A Milvus JSON field holds 65,536 bytes (Milvus Lite stores more, a server refuses it): the
+    Milvus backend refuses more on both, measured as stored (with the instants of its dates), and
+    writes nothing of the batch; a FAISS folder stores it."""
+    coll = mv()
+    at_limit = {"s": "x" * (MAX_METADATA_BYTES - len('{"s":""}'))}
+    dated = {"d": "2024-01-31", "s": at_limit["s"][:-20]}  # fits as sent, not with its date's instant
+    assert len(json.dumps(at_limit, separators=(",", ":"))) == MAX_METADATA_BYTES
+    coll.add(["fits"], rand_unit(rng, 1, DIM), metadata=[at_limit])
+    assert coll.get("fits")["metadata"] == at_limit
+    for too_big in ({"s": at_limit["s"] + "x"}, dated):
+        with pytest.raises(InvalidError, match="65,536") as e:
+            coll.add(["ok", "big"], rand_unit(rng, 2, DIM), metadata=[{"v": 1}, too_big])
+        assert "id 'big'" in e.value.message
+        assert len(coll) == 1 and "ok" not in coll
+    with FaissCollection.open_or_create(tmp_path, "f", SPEC) as faiss_coll:
+        faiss_coll.add(["big"], rand_unit(rng, 1, DIM), metadata=[{"s": "x" * 200_000}])
+        assert faiss_coll.get("big")["metadata"] == {"s": "x" * 200_000}
 
 
 @pytest.mark.parametrize("factory", ["HNSW32", "IVF8,Flat", "IVF8,SQ8"])

@@ -168,7 +168,8 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
         with pytest.raises(err, match=msg):
             coll.add(**kw)
         assert isinstance(err("x"), ValueError)
-    # each error names the argument at fault (what the HTTP layer reports as `param`)
+    # each error names the argument at fault (what the HTTP layer reports as `param`); in metadata,
+    # the path of the value at fault
     params = []
     for kw in (dict(ids=["n0", "n0"], vectors=good), dict(ids=["n0", "n1"], vectors=nan),
                dict(ids=["n0", "n1"], vectors=good, metadata=[{"x": object()}, None]),
@@ -176,7 +177,7 @@ def test_add_mismatch_and_bad_input_change_nothing(coll_dir, rng):
         with pytest.raises((InvalidError, ConflictError)) as e:
             coll.add(**kw)
         params.append(e.value.param)
-    assert params == ["ids", "vectors", "metadata", "pooler"]
+    assert params == ["ids", "vectors", "metadata.x", "pooler"]
     assert _snapshot(coll, q) == before
     coll.commit()
     coll.close()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from embedpool import index
 from embedpool.app import recipe, retrieval
@@ -48,6 +49,16 @@ NAME = Path(..., description="collection name", max_length=128)
 E404 = {404: {"description": "unknown collection or document"}}
 E409 = {409: {"description": "collection exists with other settings, or was made by another model"}}
 E422 = {422: {"description": "invalid field"}}
+
+
+class _DocumentId(PathConvertor):
+    """A document id in a path: anything, line breaks too (Starlette's ``path`` is ``.*``, whose
+    ``.`` stops at a line break: ``a%0A`` was read as ``a``, another document)."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("doc_id", _DocumentId())
 
 
 def _info(name: str, manifest: dict[str, Any], stats: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -156,10 +167,15 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
                            engines: Engines = Depends(get_engines),
                            collections: Collections = Depends(get_collections)) -> Any:
     """Embed and insert (or replace, by id) documents: a list of `{id, text, metadata}` or
-    `{"documents": [...]}`. Committed before the answer."""
+    `{"documents": [...]}`. Committed before the answer. Ids and metadata must be what every
+    backend stores (docs/api.md, "What can be stored"); one that is not is a 422 naming it
+    (`documents[3].metadata.v`) and the limit, and nothing of the request is written."""
     docs = body.documents if isinstance(body, DocumentsIn) else body
     if not docs:
         raise InvalidError("documents: empty list; give at least one {id, text, metadata}", param="documents")
+    field, limits = "documents" if isinstance(body, DocumentsIn) else "", engines.default.settings.stored_limits()
+    for j, d in enumerate(docs):  # before anything is embedded or written
+        index.check_document(d.id, d.metadata, f"{field}[{j}]", **limits)
     texts = [d.text for d in docs]
     check_inputs(texts, engines.default.settings, "documents")
     coll, engine = await _open(collections, engines, name)
@@ -191,7 +207,7 @@ def delete_documents(body: DocumentsDelete, name: str = NAME,
     return {"deleted": n, "documents": len(coll)}
 
 
-@router.get("/{name}/documents/{doc_id:path}", response_model=DocumentOut, responses=E404)
+@router.get("/{name}/documents/{doc_id:doc_id}", response_model=DocumentOut, responses=E404)
 def get_document(name: str = NAME, doc_id: str = Path(..., description="document id"),
                  include_vector: bool = Query(False, description="also return the stored vector(s)"),
                  collections: Collections = Depends(get_collections)) -> Any:
@@ -203,7 +219,7 @@ def get_document(name: str = NAME, doc_id: str = Path(..., description="document
     return JSON(out)
 
 
-@router.delete("/{name}/documents/{doc_id:path}", response_model=Deleted, responses=E404)
+@router.delete("/{name}/documents/{doc_id:doc_id}", response_model=Deleted, responses=E404)
 def delete_document(name: str = NAME, doc_id: str = Path(..., description="document id"),
                     collections: Collections = Depends(get_collections)) -> Any:
     """Delete one document (committed before the answer)."""

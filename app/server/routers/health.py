@@ -74,7 +74,7 @@ def info(engines: Engines = Depends(get_engines), collections: Collections = Dep
         limits={"max_client_batch": s.max_client_batch, "max_input_chars": s.max_input_chars,
                 "max_payload_bytes": s.max_payload_bytes, "max_queue": s.max_queue,
                 "max_batch_tokens": s.max_batch_tokens, "max_request_tokens": s.max_request_tokens,
-                "max_request_vectors": s.max_request_vectors},
+                "max_request_vectors": s.max_request_vectors, **s.stored_limits()},
     )
 
 
