@@ -15,6 +15,9 @@ from embedpool.errors import InvalidError
 from embedpool.index import BACKENDS, MAX_METADATA_BYTES, MAX_METADATA_DEPTH, READ_CONSISTENCY
 from embedpool.precisions import ENCODER_PRECISIONS
 
+#: ``milvus_consistency``'s default: Session for one API server, Strong for replicas
+AUTO_CONSISTENCY = "auto"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="EMBEDPOOL_", extra="ignore")
@@ -36,11 +39,15 @@ class Settings(BaseSettings):
         "faiss", description="vector store: faiss (folders under data_dir) or milvus")
     milvus_uri: str = Field("./milvus.db", description="Milvus Lite file (.db) or a Milvus server's http://host:19530")
     milvus_token: str | None = Field(None, description="Milvus token (user:password), if the server needs one")
-    milvus_consistency: Literal[READ_CONSISTENCY] = Field(  # type: ignore[valid-type]
-        "Strong", description="consistency of the server's and `search`'s reads on a Milvus server: Strong sees "
-        "every committed write from any process but waits for the server's time tick (~200 ms a read on a "
+    milvus_consistency: Literal[(AUTO_CONSISTENCY, *READ_CONSISTENCY)] = Field(  # type: ignore[valid-type]
+        AUTO_CONSISTENCY, description="consistency of the server's and `search`'s reads on a Milvus server: Strong "
+        "sees every committed write from any process but waits for the server's time tick (~200 ms a read on a "
         "standalone 2.3 server); Session sees this process's own writes at once and other processes' within "
-        "the tick. Writes and the indexing job are always Strong")
+        "the tick (~4 ms a search). auto: Session, but Strong when `replicas` is more than 1 (replicas read each "
+        "other's writes at once). Writes and the indexing job are always Strong")
+    replicas: int = Field(1, ge=1, description="API servers sharing one Milvus server; more than 1 makes their reads "
+                          "Strong (with milvus_consistency auto), so a write through one is read through every other "
+                          "at once")
     # what a document may store (checked where documents enter: an upsert, the indexing job's corpus)
     max_metadata_depth: int = Field(
         MAX_METADATA_DEPTH, ge=1, le=MAX_METADATA_DEPTH, description="most levels of objects and arrays in a "
@@ -87,7 +94,14 @@ class Settings(BaseSettings):
         arguments of :func:`index.open_collection` (and of the indexing job); with ``reads``,
         ``milvus_consistency`` too (the server and ``search``: the job reads Strong)."""
         out = {"backend": self.backend, "milvus_uri": self.milvus_uri, "milvus_token": self.milvus_token}
-        return {**out, "milvus_consistency": self.milvus_consistency} if reads else out
+        return {**out, "milvus_consistency": self.read_consistency()} if reads else out
+
+    def read_consistency(self) -> str:
+        """The Milvus read consistency of the server and ``search``: ``milvus_consistency``, where
+        ``auto`` is Session for one API server and Strong for several (``replicas``)."""
+        if self.milvus_consistency != AUTO_CONSISTENCY:
+            return self.milvus_consistency
+        return "Strong" if self.replicas > 1 else "Session"
 
 
 # Flags that map 1:1 onto settings fields: flag name -> (field, argparse kwargs)
@@ -114,9 +128,9 @@ def add_storage_args(parser: argparse.ArgumentParser, *, reads: bool = True) -> 
     parser.add_argument("--milvus-uri", help="Milvus Lite file or http://host:19530 (env EMBEDPOOL_MILVUS_URI)")
     parser.add_argument("--milvus-token", help="Milvus token (env EMBEDPOOL_MILVUS_TOKEN)")
     if reads:
-        parser.add_argument("--milvus-consistency", choices=list(READ_CONSISTENCY),
-                            help="consistency of reads on a Milvus server; default Strong "
-                            "(env EMBEDPOOL_MILVUS_CONSISTENCY)")
+        parser.add_argument("--milvus-consistency", choices=[AUTO_CONSISTENCY, *READ_CONSISTENCY],
+                            help="consistency of reads on a Milvus server; default auto: Session, Strong with "
+                            "--replicas above 1 (env EMBEDPOOL_MILVUS_CONSISTENCY)")
 
 
 def add_stored_value_args(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,9 @@ def register(sub) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (env EMBEDPOOL_API_KEY; "
                                      "prefer the variable: flags show in ps)")
     p.add_argument("--pooler", help="default pooler spec (env EMBEDPOOL_POOLER, default auto)")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="API servers sharing one Milvus server (env EMBEDPOOL_REPLICAS, default 1); above 1 their "
+                        "reads are Strong unless --milvus-consistency says otherwise")
     p.add_argument("--max-client-batch", type=int, help="most inputs per request (413 above)")
     p.add_argument("--max-input-chars", type=int, help="longest input in characters (413 above)")
     p.add_argument("--max-payload-bytes", type=int, help="largest request body (413 above)")

@@ -325,8 +325,10 @@ def loopback_only(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory, start_server, milvus_server):
     """Two API servers on the session's real Milvus server (each its own data directory, as on
-    two machines)."""
-    env = {"EMBEDPOOL_BACKEND": "milvus", "EMBEDPOOL_MILVUS_URI": milvus_server.uri, "EMBEDPOOL_PRECISION": "fp32"}
+    two machines), configured as replicas: their reads are Strong (a write through one is read
+    through the other at once)."""
+    env = {"EMBEDPOOL_BACKEND": "milvus", "EMBEDPOOL_MILVUS_URI": milvus_server.uri, "EMBEDPOOL_PRECISION": "fp32",
+           "EMBEDPOOL_REPLICAS": "2"}
     a = start_server(tmp_path_factory.mktemp("replica-a"), env)
     b = start_server(tmp_path_factory.mktemp("replica-b"), env)
     return a.wait_ready(), b.wait_ready()
