@@ -8,11 +8,12 @@ from embedpool.poolers.base import Pooler, REGISTRY, build_pooler, parse_spec
 from embedpool.poolers.encoder import DEFAULT_MODEL, TRUNCATION_DIRECTIONS, FrozenEncoder, Plan, Window
 from embedpool.poolers.quantization import quantize_output, unit_ranges
 from embedpool.poolers.pipeline import EmbedOptions, Embedder, EmbedResult, Tokenized, Workload
+from embedpool.poolers.splade import sparse_entries
 from embedpool.poolers.states import TokenStates
 
 __all__ = [
     "DEFAULT_MODEL", "REGISTRY", "EmbedOptions", "Embedder", "EmbedResult", "FrozenEncoder", "Plan", "Pooler",
-    "TokenStates", "build_pooler", "parse_spec",
+    "TokenStates", "build_pooler", "parse_spec", "sparse_entries",
     "TRUNCATION_DIRECTIONS", "Tokenized", "Window", "Workload", "quantize_output",
     "unit_ranges",
 ]

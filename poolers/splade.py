@@ -21,15 +21,17 @@ the like) are supported; others are refused by name.
 **Output.** The vector is never normalized nor truncated (``dimensions`` does not apply: its
 size is the vocabulary's, and SPLADE scores are dot products). ``top_k=k`` keeps the ``k``
 largest weights of each text and ``threshold=x`` drops weights ``<= x`` (defaults: every
-non-zero weight); the server gives it as ``indices`` + ``values`` (``/embed``) and in TEI's
-``/tei/embed_sparse`` shape.
+non-zero weight); :func:`sparse_entries` gives its non-zeros as ``indices`` + ``values`` (and
+the vocabulary's token strings on request), as the server's ``/embed`` and ``embedpool embed``
+print it (the server also in TEI's ``/tei/embed_sparse`` shape).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -86,6 +88,20 @@ def _load_head(path: str, model_id: str) -> tuple[nn.Module, int]:
     for p in head.parameters():
         p.requires_grad_(False)
     return head, int(model.config.vocab_size)
+
+
+def sparse_entries(vectors: Sequence[np.ndarray], tokenizer: Any = None) -> list[dict[str, list]]:
+    """Each sparse vector's non-zero weights as ``{"indices": [...], "values": [...]}`` (ascending
+    vocabulary ids, Python floats); with a ``tokenizer``, also ``"tokens"``: its strings of the ids."""
+    out = []
+    for v in vectors:
+        v = np.asarray(v)
+        idx = np.flatnonzero(v)
+        entry: dict[str, list] = {"indices": idx.tolist(), "values": v[idx].astype(float).tolist()}
+        if tokenizer is not None:
+            entry["tokens"] = tokenizer.convert_ids_to_tokens(entry["indices"])
+        out.append(entry)
+    return out
 
 
 def splade_weights(logits: Tensor, mask: Tensor) -> Tensor:

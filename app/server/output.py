@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from embedpool.errors import InvalidError
-from embedpool.poolers import quantize_output, unit_ranges
+from embedpool.poolers import quantize_output, sparse_entries, unit_ranges
 from embedpool.poolers.quantization import DTYPES
 
 
@@ -54,15 +54,13 @@ def output_ranges(precision: str, ranges: list[list[float]] | None, *, normalize
 
 
 def sparse_vectors(vectors: list[np.ndarray], precision: str, encoding_format: str) -> list[dict[str, list]]:
-    """A sparse pooler's vectors as ``{indices, values}`` of their non-zero weights (float32 numbers only)."""
+    """A sparse pooler's vectors as ``{indices, values}`` of their non-zero weights (float32 numbers only:
+    the request's other precisions and base64 are a 422); the conversion is :func:`poolers.sparse_entries`,
+    which ``embedpool embed`` prints too."""
     if precision != "float32" or encoding_format == "base64":
         raise InvalidError("a sparse pooler (splade) answers indices and values as float32 numbers: leave `precision` "
                            "and `encoding_format` at their defaults", param="precision")
-    out = []
-    for v in vectors:
-        idx = np.flatnonzero(v)
-        out.append({"indices": idx.tolist(), "values": v[idx].astype(float).tolist()})
-    return out
+    return sparse_entries(vectors)
 
 
 def encode_vectors(vectors: list[np.ndarray], precision: str, encoding_format: str,

@@ -38,7 +38,6 @@ from fastapi import APIRouter, Depends, Request, Response
 from embedpool.app.server.auth import require_api_key
 from embedpool.app.server.deps import get_engine
 from embedpool.app.server.errors import TEI_PREFIX
-from embedpool.app.server.output import sparse_vectors
 from embedpool.app.server.responses import JSON, ranks
 from embedpool.app.server.routers import health, openai, tokenize
 from embedpool.app.server.schemas import (
@@ -55,7 +54,7 @@ from embedpool.app.server.schemas import (
     TEITokenizeRequest,
 )
 from embedpool.app.server.engine import Engine
-from embedpool.poolers import EmbedOptions
+from embedpool.poolers import EmbedOptions, sparse_entries
 from embedpool.errors import InvalidError, UnavailableError
 
 #: TEI's ``--auto-truncate`` default: an unset ``truncate`` cuts inputs at the model's window
@@ -145,7 +144,7 @@ async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: En
     if not engine.embedder.pooler(spec).sparse:
         raise InvalidError(f"pooler: {spec!r} is not sparse; {TEI_PREFIX}/embed_sparse takes splade", param="pooler")
     return JSON([[{"index": i, "value": v} for i, v in zip(row["indices"], row["values"])]
-                 for row in sparse_vectors(out.vectors[spec], "float32", "float")])
+                 for row in sparse_entries(out.vectors[spec])])
 
 
 @router.post("/rerank", response_model=list[Rank], responses=EMBED_ERRORS, dependencies=protected)
