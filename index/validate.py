@@ -31,10 +31,12 @@ from .spec import CollectionSpec
 
 NORM_TOL = 1e-2
 
-#: The integers every backend stores, filters on and returns exactly: signed 64-bit. The FAISS
-#: document store's filter rows are SQLite INTEGERs, Milvus reads JSON integers and expression
-#: literals as int64; orjson would render up to 2**64 - 1, but a filter could not reach those.
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+#: The integers every backend stores, filters on and returns exactly: signed 64-bit but for -2^63.
+#: The FAISS document store's filter rows are SQLite INTEGERs, Milvus reads JSON integers and
+#: expression literals as int64; orjson would render up to 2**64 - 1, but a filter could not reach
+#: those; and a Milvus 2.3 server parses the literal -9223372036854775808 as the negation of
+#: 9223372036854775808, out of range, so a filter on -2^63 fails there (the range is symmetric).
+INT_MIN, INT_MAX = -((1 << 63) - 1), (1 << 63) - 1
 #: The deepest metadata (levels of objects and arrays, the metadata object itself level 1) every
 #: answer renders: orjson renders 254 levels, and a search answer puts metadata 4 levels down.
 MAX_METADATA_DEPTH = 200
@@ -128,7 +130,7 @@ def check_metadata_value(metadata: Any, path: str = "metadata", *, max_metadata_
         elif isinstance(value, int):
             if not INT_MIN <= value <= INT_MAX:
                 raise bad(where, f"the integer {_shown(str(value))} is outside the 64-bit range every backend "
-                                 f"stores exactly, -2^63 .. 2^63-1 ({INT_MIN} .. {INT_MAX}); send it as a "
+                                 f"stores exactly, -(2^63-1) .. 2^63-1 ({INT_MIN} .. {INT_MAX}); send it as a "
                                  "string (or a float, if approximate is fine)")
         elif isinstance(value, float):
             if not math.isfinite(value):

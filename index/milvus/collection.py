@@ -85,7 +85,7 @@ def check_layout(manifest: dict[str, Any], name: str, uri: str) -> dict[str, int
     return layout
 
 
-_READS = frozenset({"search", "query", "query_iterator", "get", "hybrid_search"})
+_READS = frozenset({"search", "query", "get", "hybrid_search"})
 
 
 def check_consistency(level: str | None) -> None:
@@ -559,24 +559,18 @@ class MilvusCollection(CollectionBase):
         return self._packing.assemble(heads, tails)
 
     def _scan(self, flt: str, fields: list[str]) -> list[dict]:
-        """Every row matching ``flt`` (all rows if empty), page by page: a query iterator on a
-        Milvus server; on Milvus Lite (which lacks the iterator's timestamp RPC) queries with
-        ``pk > last`` in primary-key order."""
-        if self._conn.features.query_iterator:
-            it = self._rpc(f"query of {self.name!r}", "query_iterator", batch_size=4096, filter=flt,
-                           output_fields=fields)
-            rows: list[dict] = []
-            with self._conn.errors(f"query of {self.name!r}"):
-                try:
-                    while batch := it.next():
-                        rows.extend(_rows(batch))
-                finally:
-                    it.close()
-            return rows
+        """Every row matching ``flt`` (all rows if empty), page by page: queries with
+        ``pk > last`` in primary-key order, ``last`` quoted as every literal of ours is
+        (:func:`index.filters.quote`). Not pymilvus' query iterator, which a server has: it pages
+        with ``pk > "last"`` unescaped, so an id with a quote or a backslash breaks its next page's
+        expression (a Milvus 2.3.5 server: "invalid expression"); Milvus Lite lacks its timestamp
+        RPC anyway. A server's pages hold at most its query window (16,384 rows)."""
         key = "pk" if self._multi else "id"
         row = (self._packing.row_bytes() if "codes" in fields else
                4 * self.spec.dim if "vector" in fields else 0) + 256
         page = max(16, _SCAN_BYTES // row)
+        if self._conn.features.query_window:
+            page = min(page, self._conn.features.query_window)
         rows, last = [], None
         while True:  # keyset pages in primary-key order
             cond = " and ".join(c for c in (flt and f"({flt})",

@@ -45,6 +45,8 @@ log = logging.getLogger("embedpool.index")
 
 OLDEST = (2, 3, 0)
 NEWEST = (2, 6)  # the newest minor release this table knows
+#: the most rows a Milvus server returns from one query (its queryNode.maxQueryResultWindow default)
+SERVER_QUERY_WINDOW = 16_384
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class MilvusFeatures:
     full_text: bool  #: BM25 full-text search (functions)
     hnsw_sq: bool  #: the HNSW_SQ vector index
     struct_max_sim: bool  #: array-of-struct fields with MAX_SIM search
-    query_iterator: bool  #: the query iterator (a server; Milvus Lite lacks its timestamp RPC)
+    query_window: int  #: the most rows one query returns (offset + limit); 0: no limit (Milvus Lite)
 
     @property
     def name(self) -> str:
@@ -100,7 +102,7 @@ def features_of(reported: str) -> MilvusFeatures:
     if lite:
         return MilvusFeatures(reported, True, version, nullable=True, inverted_index=True, group_by=True,
                               full_text=version >= (2, 5, 0), hnsw_sq=False, struct_max_sim=False,
-                              query_iterator=False)
+                              query_window=0)
     if version < OLDEST:
         raise UnavailableError(
             f"Milvus {'.'.join(map(str, version))} is older than embedpool supports (2.3 through 2.6: "
@@ -111,4 +113,4 @@ def features_of(reported: str) -> MilvusFeatures:
     return MilvusFeatures(reported, False, version, nullable=version >= (2, 5, 0),
                           inverted_index=version >= (2, 4, 0), group_by=version >= (2, 4, 0),
                           full_text=version >= (2, 5, 0), hnsw_sq=version >= (2, 6, 0),
-                          struct_max_sim=version >= (2, 6, 4), query_iterator=True)
+                          struct_max_sim=version >= (2, 6, 4), query_window=SERVER_QUERY_WINDOW)

@@ -80,7 +80,7 @@ def _deep(levels: int) -> dict:
 
 
 # ---------------------------------------------------------------------- the issue's nine cases
-BIG = "the 64-bit range every backend stores exactly, -2^63 .. 2^63-1"
+BIG = "the 64-bit range every backend stores exactly, -(2^63-1) .. 2^63-1"
 NINE = [  # (case, metadata as JSON text, None if stored, else (the 422's param, words of its message))
     ("2^64", '{"v": 18446744073709551616}', ("documents[0].metadata.v", BIG)),
     ("-2^64-1", '{"v": -18446744073709551617}', ("documents[0].metadata.v", BIG)),

@@ -51,7 +51,7 @@ COMPANION = CollectionSpec(**{**MULTI.to_dict(), "companion_pooler": "mean", "co
 ])
 def test_features_by_version(reported, want):
     f = features_of(reported)
-    assert not f.lite and f.query_iterator
+    assert not f.lite and f.query_window == 16_384
     assert {k: getattr(f, k) for k in want} == want
     assert f.scalar_index == ("INVERTED" if f.inverted_index else "Trie")
 
@@ -59,7 +59,7 @@ def test_features_by_version(reported, want):
 def test_milvus_lite_and_versions_out_of_range(caplog):
     lite = features_of("milvus_lite-3.2.2")
     assert lite.lite and lite.name == "Milvus Lite 3.2.2"
-    assert lite.nullable and lite.inverted_index and not lite.query_iterator and not lite.struct_max_sim
+    assert lite.nullable and lite.inverted_index and lite.query_window == 0 and not lite.struct_max_sim
     with pytest.raises(UnavailableError, match=r"Milvus 2\.2\.16 is older .*\(2\.3 through 2\.6"):
         features_of("v2.2.16")
     with caplog.at_level(logging.WARNING, "embedpool.index"):
