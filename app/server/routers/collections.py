@@ -50,6 +50,21 @@ E404 = {404: {"description": "unknown collection or document"}}
 E409 = {409: {"description": "collection exists with other settings, or was made by another model"}}
 E422 = {422: {"description": "invalid field"}}
 
+# OpenAPI links from a write or a search to the document it names, so a client generator or a
+# state machine (schemathesis' stateful phase, tests/app/test_server_schemathesis_stateful.py)
+# reads back what was stored: the first document of an upsert (either body shape), the first hit.
+_GET_DOCUMENT = "#/paths/~1collections~1{name}~1documents~1{doc_id}/get"
+
+
+def _document_link(doc_id: str, description: str) -> dict[str, Any]:
+    return {"operationRef": _GET_DOCUMENT, "description": description,
+            "parameters": {"path.name": "$request.path.name", "path.doc_id": doc_id}}
+
+
+UPSERT_LINKS = {"GetUpsertedDocument": _document_link("$request.body#/documents/0/id", "the first document sent"),
+                "GetUpsertedListDocument": _document_link("$request.body#/0/id", "the first document sent as a list")}
+HIT_LINKS = {"GetHitDocument": _document_link("$response.body#/hits/0/id", "the first hit's document")}
+
 
 class _DocumentId(PathConvertor):
     """A document id in a path: anything, line breaks too (Starlette's ``path`` is ``.*``, whose
@@ -162,7 +177,8 @@ def delete_collection(name: str = NAME, collections: Collections = Depends(get_c
 
 
 # ---------------------------------------------------------------------- documents
-@router.post("/{name}/documents", response_model=DocumentsUpserted, responses={**E404, **E409, **E422})
+@router.post("/{name}/documents", response_model=DocumentsUpserted,
+             responses={200: {"links": UPSERT_LINKS}, **E404, **E409, **E422})
 async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsIn, name: str = NAME,
                            engines: Engines = Depends(get_engines),
                            collections: Collections = Depends(get_collections)) -> Any:
@@ -229,7 +245,8 @@ def delete_document(name: str = NAME, doc_id: str = Path(..., description="docum
 
 
 # ---------------------------------------------------------------------- search
-@router.post("/{name}/search", response_model=SearchResponse, responses={**E404, **E409, **E422})
+@router.post("/{name}/search", response_model=SearchResponse,
+             responses={200: {"links": HIT_LINKS}, **E404, **E409, **E422})
 async def search(request: Request, body: SearchRequest, name: str = NAME, engines: Engines = Depends(get_engines),
                  collections: Collections = Depends(get_collections)) -> Any:
     """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`),
