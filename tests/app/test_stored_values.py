@@ -1,5 +1,6 @@
 """What a client stores, it reads back (issue 50), through a real server (uvicorn in a thread of
-this process, on the session's model) on a FAISS folder and on Milvus Lite:
+this process, on the session's model) on a FAISS folder and on Milvus Lite (the nine cases also
+on a real Milvus 2.3 server, in `make test-slow`):
 
 * the issue's nine metadata cases: each is stored and read back exactly (get, search, after a
   restart) or refused with a 422 naming the value's path and the limit, the collection unchanged;
@@ -34,12 +35,12 @@ BACKENDS = ["faiss", "milvus"]
 
 
 @contextmanager
-def serving(embedder, folder, backend: str, **settings):
-    """A client of a server on ``folder`` (its FAISS folders, or the Milvus Lite file in it);
-    leaving the block stops the server (the collections are closed), so serving the same folder
-    again is a restart."""
-    s = Settings(data_dir=str(folder), precision="fp32", backend=backend, milvus_uri=str(folder / "milvus.db"),
-                 **settings)
+def serving(embedder, folder, backend: str, milvus_uri: str | None = None, **settings):
+    """A client of a server on ``folder`` (its FAISS folders, or the Milvus Lite file in it, or
+    ``milvus_uri``: a real Milvus server); leaving the block stops the server (the collections
+    are closed), so serving the same folder again is a restart."""
+    s = Settings(data_dir=str(folder), precision="fp32", backend=backend,
+                 milvus_uri=milvus_uri or str(folder / "milvus.db"), **settings)
     with Uvicorn(create_app(s, embedder=embedder)) as url, httpx.Client(base_url=url, timeout=120) as client:
         yield client
 
@@ -95,10 +96,15 @@ NINE = [  # (case, metadata as JSON text, None if stored, else (the 422's param,
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_the_nine_metadata_cases_are_stored_or_refused_by_path(embedder, tmp_path, backend):
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("milvus-server", marks=pytest.mark.slow)])
+def test_the_nine_metadata_cases_are_stored_or_refused_by_path(embedder, tmp_path, backend, request):
+    """On a FAISS folder, Milvus Lite and (slow) a real Milvus 2.3 server (``make milvus-server``)."""
     stored = {"kept": {"v": INT_MAX, "w": INT_MIN}}
-    with serving(embedder, tmp_path, backend) as c:
+    where = {}
+    if backend == "milvus-server":
+        backend, where = "milvus", {"milvus_uri": request.getfixturevalue("milvus_server").uri}
+    with serving(embedder, tmp_path, backend, **where) as c:
+        c.delete("/collections/nine")  # left by an earlier run on the session's shared Milvus server
         assert c.post("/collections", json={"name": "nine"}).status_code == 201
         assert _upsert(c, "nine", json.dumps([{"id": "kept", "text": "kept", "metadata": stored["kept"]}])).status_code == 200
         for k, (case, raw, refusal) in enumerate(NINE):
@@ -129,10 +135,11 @@ def test_the_nine_metadata_cases_are_stored_or_refused_by_path(embedder, tmp_pat
         assert r.status_code == 422 and r.json()["param"] == "[0].id" and "600 bytes as UTF-8" in r.text, r.text
         limits = c.get("/info").json()["limits"]
         assert (limits["max_metadata_depth"], limits["max_metadata_bytes"]) == (MAX_METADATA_DEPTH, MAX_METADATA_BYTES)
-    with serving(embedder, tmp_path, backend) as c:  # a restart between the write and the read
+    with serving(embedder, tmp_path, backend, **where) as c:  # a restart between the write and the read
         assert _count(c, "nine") == len(stored)
         for doc_id, sent in stored.items():
             assert _exact(c.get(_doc_url("nine", doc_id)).json()["metadata"]) == _exact(sent), doc_id
+        c.delete("/collections/nine")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
