@@ -38,6 +38,15 @@ domain" when no seed loses significantly against mean (p < 0.05 with a lower sco
     .venv/bin/python bench/train_generalize.py eval --variants attention glot attnstats reinpool \
         --out bench/results/research_poolers.json
     .venv/bin/python bench/train_generalize.py stress --variants attention glot attnstats reinpool
+    # the command's defaults (issue 47 item 6), on another model (make models):
+    .venv/bin/python bench/train_generalize.py --model models/all-mpnet-base-v2 train --jobs 2 \
+        --variants attention multilayer attention+defaults multilayer+defaults glot+defaults attnstats+defaults
+    .venv/bin/python bench/train_generalize.py --model models/all-mpnet-base-v2 eval --variants ...
+
+Variants ending in ``+defaults`` are what a user gets from ``train-pooler`` with no tuning flags:
+the objective's optimizer defaults and the guard the command finds beside the training data
+(SciFact and STS-B are siblings, so each guards the other, refusing significant losses only).
+Every other variant passes ``--no-guard`` (or names its guard) so it stays the run it was.
 """
 
 from __future__ import annotations
@@ -65,12 +74,17 @@ SEEDS = (0, 1, 2)
 ANCHOR = "10"
 NOISE = "0.9"  # GLOT's diagnostic: 90% of the tokens are distractors
 
+MODEL: list[str] = []  # --model M: ["--model", M] for every train-pooler and eval run
 TRAIN = {  # the README's commands for the attention head
     "scifact": ["--data", SCIFACT, "--split", "train", "--roles", "separate"],
     "stsb": ["--sts", STSB, "--split", "train", "--dev-split", "dev", "--cosent-scale", "5", "--lr", "3e-4",
              "--eval-every", "30", "--patience", "6"],
 }
 GUARD = {"scifact": ["--guard-sts", STSB], "stsb": ["--guard-data", SCIFACT]}
+# what a user types (issue 47 item 6): the command's own defaults, per objective, and the guard it
+# finds beside the training data (SciFact and STS-B are siblings in ../shared/data)
+DEFAULTS = {"scifact": ["--data", SCIFACT, "--split", "train"],
+            "stsb": ["--sts", STSB, "--split", "train", "--dev-split", "dev"]}
 VARIANTS = {
     "attention": lambda s: ["--pooler", "attention"],
     "attention+guard": lambda s: ["--pooler", "attention", *GUARD[s]],
@@ -82,6 +96,11 @@ VARIANTS = {
     "multilayer-lr30": lambda s: ["--pooler", "multilayer", "--layer-lr", "30"],
     "multilayer-lr30+anchor": lambda s: ["--pooler", "multilayer", "--layer-lr", "30", "--anchor", ANCHOR],
     "glot": lambda s: ["--pooler", "glot"],
+    # the command's defaults: DEFAULTS instead of TRAIN, the guard beside the data
+    "attention+defaults": lambda s: ["--pooler", "attention"],
+    "multilayer+defaults": lambda s: ["--pooler", "multilayer"],
+    "glot+defaults": lambda s: ["--pooler", "glot"],
+    "attnstats+defaults": lambda s: ["--pooler", "attnstats"],
     "attnstats": lambda s: ["--pooler", "attnstats"],
     "reinpool": lambda s: ["--pooler", "reinpool", "--roles", "shared", "--heads", "4"],
     # GLOT's diagnostic trains at the noise level it tests: distractors make up NOISE of every
@@ -106,8 +125,13 @@ def train_one(job: tuple[str, str, int, list[str]]) -> dict:
     out = head_dir(trained_on, variant, seed)
     report = out / "train_report.json"
     if not report.exists():
-        cmd = [EMBEDPOOL, "train-pooler", *TRAIN[trained_on], *VARIANTS[variant](trained_on), *extra,
-               "--seed", str(seed), "--out", str(out), "--cache-dir", str(CACHE)]
+        own = variant.endswith("+defaults")
+        # since the guard beside the data became the default, the other variants say --no-guard
+        # to stay the runs they were (unless they name their guard)
+        guard = [] if own or "+guard" in variant else ["--no-guard"]
+        cmd = [EMBEDPOOL, "train-pooler", *MODEL, *(DEFAULTS if own else TRAIN)[trained_on],
+               *VARIANTS[variant](trained_on), *guard, *extra, "--seed", str(seed), "--out", str(out),
+               "--cache-dir", str(CACHE)]
         print(" ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -130,7 +154,7 @@ def train(args: argparse.Namespace) -> None:
 def run_eval(data_flag: list[str], poolers: list[str], baseline: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
-        cmd = [EMBEDPOOL, "eval", *data_flag, "--split", "test", *[a for p in poolers for a in ("--pooler", p)],
+        cmd = [EMBEDPOOL, "eval", *MODEL, *data_flag, "--split", "test", *[a for p in poolers for a in ("--pooler", p)],
                "--baseline", baseline, "--out", str(out), "--no-progress", "--latency-queries", "0"]
         print(" ".join(cmd[:6]), f"... {len(poolers)} poolers, baseline {baseline}", file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -263,8 +287,8 @@ def stress(args: argparse.Namespace) -> None:
     out = {}
     for name, flags in ((n, f) for n, f in runs.items() if n in args.sets):
         specs = ["mean", "cls", "max", *[spec(name, v, args.seeds[0]) for v in args.variants]]
-        path = ROOT / "bench" / "results" / f"stress_{name}.json"
-        cmd = [EMBEDPOOL, "eval", *flags, "--split", "test", *[a for p in specs for a in ("--pooler", p)],
+        path = ROOT / "bench" / "results" / f"stress_{name}{'_' + Path(MODEL[1]).name if MODEL else ''}.json"
+        cmd = [EMBEDPOOL, "eval", *MODEL, *flags, "--split", "test", *[a for p in specs for a in ("--pooler", p)],
                "--stress", "distractors", "--stress-side", "documents", "--out", str(path),
                "--markdown", str(path.with_suffix(".md")), "--plot", str(path.with_suffix(".png")),
                "--no-progress", "--latency-queries", "0"]
@@ -318,7 +342,16 @@ def main() -> None:
     ap.add_argument("--selection", action="store_true",
                     help="eval: score `tokens` (exact MaxSim) and untrained `reinpool` on SciFact even without "
                          "trained reinpool heads")
+    ap.add_argument("--model", help="model folder (default: the packaged all-MiniLM-L6-v2); heads go to "
+                                    "bench/.heads/<folder name>/, the report to train_generalize_<folder name>.json")
     args = ap.parse_args()
+    if args.model:
+        global HEADS
+        name = Path(args.model).name
+        MODEL[:] = ["--model", args.model]
+        HEADS = HEADS / name
+        if args.out == OUT:
+            args.out = OUT.with_name(f"{OUT.stem}_{name}.json")
     print(json.dumps(machine()), file=sys.stderr)
     if args.what == "sweep":
         sweep(args)

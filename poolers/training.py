@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -253,6 +254,16 @@ HEAD_CLASSES: dict[str, tuple[type, type | None]] = {
 POOLERS = ("attention", "multilayer", "glot", "attnstats", "reinpool")
 
 
+# Optimizer settings that work per objective, what `train-pooler` uses unless told otherwise
+# (docs/attention.md, "The command's defaults"): with CoSENT at scale 20 and lr 1e-3, no checkpoint
+# of an STS-B-trained head beat the untrained one on STS-B dev (the saved head was mean); scale 5,
+# lr 3e-4 and a dev evaluation every 30 steps (an epoch of STS-B train is 90) is what gained.
+OBJECTIVE_DEFAULTS: dict[str, dict[str, float]] = {
+    "infonce": {"lr": 1e-3, "cosent_scale": 20.0, "eval_every": 0, "patience": 3},
+    "cosent": {"lr": 3e-4, "cosent_scale": 5.0, "eval_every": 30, "patience": 6},
+}
+
+
 @dataclass
 class TrainConfig:
     """Args:
@@ -270,7 +281,10 @@ class TrainConfig:
             added to the loss. It regularizes in the space the vectors are used in, so its scale
             does not depend on the head's size.
         guard_tolerance: with a guard split (:class:`Guard`), a checkpoint is kept only if its
-            guard metric is at least the untrained head's minus this.
+            guard metric is at least the untrained head's minus this; ``None`` (the default):
+            only if it is not significantly below the untrained head's there
+            (:func:`significantly_below`, one-sided p < :data:`GUARD_ALPHA`): a loss within the
+            guard split's noise is no reason to throw a gain away, a real one is.
         layer_lr: the learning rate of a multilayer head's layer weights, as a multiple of ``lr``.
             Adam moves each parameter by about ``lr`` a step whatever its gradient's scale, and a
             layer weight must travel ~0.1-1 to matter where a token score needs ~0.01.
@@ -295,7 +309,7 @@ class TrainConfig:
     select: str = "metric"  # metric | loss
     eval_every: int = 0
     anchor: float = 0.0
-    guard_tolerance: float = 0.0
+    guard_tolerance: float | None = None
     layer_lr: float = 1.0
     samples: int = 8
 
@@ -478,6 +492,14 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
     nDCG@10 of each dev query ranking every document in ``data`` (train documents are
     distractors too); a document is relevant when any pair of ``data`` links it to the query.
     """
+    name, value, _ = dev_scores(head, data, idx, cfg)
+    return name, value
+
+
+def dev_scores(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig) -> tuple[str, float, "DevItems"]:
+    """:func:`dev_metric` and what it was computed from, for a paired test between two heads
+    (:func:`significantly_below`): each dev query's nDCG@10 (``infonce``), or each pair's cosine
+    and gold score (``cosent``)."""
     from scipy.stats import spearmanr
 
     head.eval()
@@ -486,9 +508,10 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
             assert data.scores is not None
             q = F.normalize(pool_states(head, [data.queries[data.pairs[i][0]] for i in idx], "document"), dim=-1)
             d = F.normalize(pool_states(head, [data.docs[data.pairs[i][1]] for i in idx], "document"), dim=-1)
-            value = float(spearmanr((q * d).sum(-1).numpy(), [data.scores[i] for i in idx]).statistic)
+            cos = (q * d).sum(-1).double().numpy()
+            gold = np.asarray([data.scores[i] for i in idx], dtype=np.float64)
             head.train()
-            return "spearman", value
+            return "spearman", float(spearmanr(cos, gold).statistic), DevItems(cos, gold)
         queries = sorted({data.pairs[i][0] for i in idx})
         relevant: dict[int, set[int]] = {}
         for a, b in data.pairs:
@@ -498,13 +521,61 @@ def dev_metric(head: Head, data: PairData, idx: Sequence[int], cfg: TrainConfig)
         top = (q @ d.T).topk(min(10, d.shape[0]), dim=1).indices
     head.train()
     discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))
-    total = 0.0
+    per_query = []
     for row, a in zip(top.tolist(), queries):
         rel = relevant[a]
         dcg = sum(discount[r].item() for r, doc in enumerate(row) if doc in rel)
         idcg = discount[: min(len(rel), 10)].sum().item()
-        total += dcg / idcg
-    return "ndcg@10", total / max(1, len(queries))
+        per_query.append(dcg / idcg)
+    values = np.asarray(per_query, dtype=np.float64)
+    return "ndcg@10", float(values.mean()) if len(values) else 0.0, DevItems(values)
+
+
+@dataclass
+class DevItems:
+    """Per-item dev results: ``values`` are per-query nDCG@10 (``gold`` None), or per-pair
+    cosines with their ``gold`` scores (Spearman is not a mean of per-item values)."""
+
+    values: np.ndarray
+    gold: np.ndarray | None = None
+
+
+GUARD_ALPHA = 0.05
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def significantly_below(now: DevItems, before: DevItems, alpha: float = GUARD_ALPHA) -> tuple[bool, float]:
+    """Whether the head that gave ``now`` scores significantly below the one that gave ``before``
+    on the same dev items (one-sided, level ``alpha``), and the p-value.
+
+    nDCG@10: scipy's paired t-test on the per-query values (the test `embedpool eval` reports
+    through ranx). Spearman: a paired bootstrap of the Spearman difference over the pairs
+    (:data:`BOOTSTRAP_RESAMPLES` resamples, a fixed seed, as the STS evaluation does), because
+    a correlation has no per-pair terms to test."""
+    if now.gold is None:
+        from scipy.stats import ttest_rel
+
+        if len(now.values) < 2 or np.array_equal(now.values, before.values):
+            return False, 1.0
+        p = float(ttest_rel(now.values, before.values, alternative="less").pvalue)
+        return bool(p < alpha), p
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(now.values), size=(BOOTSTRAP_RESAMPLES, len(now.values)))
+
+    b = rankdata(now.gold[picks], axis=1)
+    b -= b.mean(1, keepdims=True)
+
+    def spearman(x: np.ndarray) -> np.ndarray:
+        a = rankdata(x[picks], axis=1)
+        a -= a.mean(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one gold value: no correlation
+            return np.nan_to_num((a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1)))
+
+    diff = spearman(now.values) - spearman(before.values)
+    p = float((np.count_nonzero(diff >= 0) + 1) / (BOOTSTRAP_RESAMPLES + 1))
+    return bool(p < alpha), p
 
 
 def train_head(data: PairData, dim: int, cfg: TrainConfig,
@@ -567,6 +638,7 @@ class _Training:
                                   step0_dev_metric=first["value"], guard_metric=first.get("guard_metric", ""),
                                   step0_guard_metric=first.get("guard", float("nan")),
                                   best_guard_metric=first.get("guard", float("nan")), history=[first["row"]])
+        self.step0_guard_items = first.get("guard_items")
         self.best_state = self._snapshot()
         self.bad = 0
 
@@ -580,11 +652,20 @@ class _Training:
                "dev_loss": _eval_loss(self.head, self.dev, self.dev_idx, self.cfg), f"dev_{name}": value}
         out = {"row": row, "metric": name, "value": value, "dev_loss": row["dev_loss"]}
         if self.guard is not None:
-            g_name, g_value = dev_metric(self.head, self.guard.data, range(len(self.guard.data.pairs)),
-                                         replace(self.cfg, objective=self.guard.objective))
+            g_name, g_value, g_items = dev_scores(self.head, self.guard.data, range(len(self.guard.data.pairs)),
+                                                 replace(self.cfg, objective=self.guard.objective))
             row[f"guard_{g_name}"] = g_value
-            out.update(guard_metric=g_name, guard=g_value)
+            out.update(guard_metric=g_name, guard=g_value, guard_items=g_items)
         return out
+
+    def _guard_refuses(self, result: dict, row: dict) -> bool:
+        """Whether the guard split vetoes this checkpoint (see :attr:`TrainConfig.guard_tolerance`)."""
+        tolerance = self.cfg.guard_tolerance
+        if tolerance is not None:
+            return result["guard"] < self.report.step0_guard_metric - tolerance
+        below, p = significantly_below(result["guard_items"], self.step0_guard_items)
+        row["guard_p_below"] = round(p, 5)
+        return below
 
     def record(self, result: dict) -> bool:
         """Keep the checkpoint if it beats every earlier one (step 0 included) and passes the
@@ -594,7 +675,7 @@ class _Training:
             improved = result["value"] > report.best_dev_metric + 1e-5
         else:
             improved = row["dev_loss"] < report.best_dev_loss - 1e-4
-        if self.guard is not None and result["guard"] < report.step0_guard_metric - cfg.guard_tolerance:
+        if self.guard is not None and self._guard_refuses(result, row):
             improved = False
             row["guard_refused"] = True
         report.history.append(row)

@@ -57,14 +57,22 @@ def _register(sub, name: str) -> None:
                         "to the loss, against over-fitting the training domain (0: off)")
     guard = p.add_mutually_exclusive_group()
     guard.add_argument("--guard-data", metavar="DIR",
-                       help="a BEIR folder of another domain: never keep a checkpoint whose nDCG@10 on its "
-                            "--guard-split is below the untrained head's (mean pooling's)")
+                       help="a BEIR folder of another domain: never keep a checkpoint that scores significantly "
+                            "below the untrained head (mean pooling) on its --guard-split (nDCG@10). Default: a "
+                            "folder of the other kind beside the training data (see --no-guard)")
     guard.add_argument("--guard-sts", metavar="DIR", help="the same with an STS folder (Spearman)")
+    guard.add_argument("--no-guard", action="store_true",
+                       help="no guard. Without --guard-*, the command looks beside the training folder (in its "
+                            "parent) for a folder of the other kind: an STS folder with a dev.tsv when training "
+                            "on retrieval pairs or a corpus, a BEIR folder with qrels/train.tsv when training on "
+                            "STS pairs; the first by name guards the training")
     p.add_argument("--guard-split", default=None,
-                   help="split of the guard folder (default: dev for --guard-sts, train for --guard-data); "
+                   help="split of the guard folder (default: dev for an STS guard, train for a BEIR guard); "
                         "never test")
-    p.add_argument("--guard-tolerance", type=float, default=0.0, metavar="D",
-                   help="allow the guard metric this far below the untrained head's")
+    p.add_argument("--guard-tolerance", type=float, default=None, metavar="D",
+                   help="refuse a checkpoint whose guard metric is more than D below the untrained head's "
+                        "(default: refuse only a significant loss, one-sided p < 0.05: a paired t-test on "
+                        "nDCG@10 per query, a paired bootstrap of Spearman)")
     p.add_argument("--distractors", type=float, default=0.0, metavar="R",
                    help="train under noise: random in-domain words make up R (0 to 0.95) of the tokens of every "
                         "training and dev text on --distractor-side, injected as `embedpool eval --stress "
@@ -82,15 +90,19 @@ def _register(sub, name: str) -> None:
     p.add_argument("--select", choices=["metric", "loss"], default="metric",
                    help="keep the checkpoint with the best dev metric (nDCG@10 / Spearman; default) or dev loss; "
                         "the untrained head (= mean) is a candidate too")
-    p.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
-                   help="score the dev split every STEPS optimizer steps as well as after each epoch")
+    p.add_argument("--eval-every", type=int, default=None, metavar="STEPS",
+                   help="score the dev split every STEPS optimizer steps as well as after each epoch "
+                        "(default 0 = once an epoch; 30 for STS)")
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default per objective: 1e-3 for retrieval pairs and ICT, 3e-4 for STS)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=0.05, help="InfoNCE temperature")
-    p.add_argument("--cosent-scale", type=float, default=20.0, help="CoSENT scale on cosine similarities")
-    p.add_argument("--patience", type=int, default=3)
+    p.add_argument("--cosent-scale", type=float, default=None,
+                   help="CoSENT scale on cosine similarities (default 5)")
+    p.add_argument("--patience", type=int, default=None,
+                   help="dev evaluations without a new best before stopping (default 3; 6 for STS)")
     p.add_argument("--dev-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-state-bytes", type=int, default=MAX_STATE_BYTES, metavar="N",
@@ -129,6 +141,24 @@ def guard_texts(args: argparse.Namespace) -> Texts | None:
     if split == "test":
         raise InvalidError("--guard-split test: early stopping must not look at a test split", param="--guard-split")
     return _pairs(args.guard_data, args.guard_sts, split)
+
+
+def guard_beside(args: argparse.Namespace) -> tuple[str, Path] | None:
+    """The default guard: the first folder (by name) beside the training data, in its parent, of
+    the other kind: an STS folder with a ``dev.tsv`` for retrieval pairs or an ICT corpus, a BEIR
+    folder with ``corpus.jsonl`` and ``qrels/train.tsv`` for STS pairs. Returns ``("sts" |
+    "data", folder)``, or ``None`` when a guard was given, refused (``--no-guard``) or none is
+    there. docs/attention.md measures why a guard is the default."""
+    if args.no_guard or args.guard_data or args.guard_sts:
+        return None
+    own = Path(args.sts or args.data or Path(args.corpus).parent).resolve()
+    want = "data" if args.sts else "sts"
+    for folder in sorted(p for p in own.parent.iterdir() if p.is_dir() and p != own):
+        if want == "sts" and (folder / "dev.tsv").is_file():
+            return want, folder
+        if want == "data" and (folder / "corpus.jsonl").is_file() and (folder / "qrels" / "train.tsv").is_file():
+            return want, folder
+    return None
 
 
 def training_texts(args: argparse.Namespace) -> tuple[Texts, Texts | None]:
@@ -241,15 +271,18 @@ def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_
 
 
 def _config(args: argparse.Namespace, objective: str):
-    from embedpool.poolers.training import TrainConfig
+    """The training configuration: the flags given, and the objective's defaults
+    (:data:`poolers.training.OBJECTIVE_DEFAULTS`) for those left out."""
+    from embedpool.poolers.training import OBJECTIVE_DEFAULTS, TrainConfig
 
+    tuned = {k: v for k, v in OBJECTIVE_DEFAULTS[objective].items() if getattr(args, k) is None}
+    given = {k: getattr(args, k) for k in OBJECTIVE_DEFAULTS[objective] if getattr(args, k) is not None}
     return TrainConfig(objective=objective, pooler=args.pooler, queries=args.queries, heads=args.heads,
                        roles=args.roles, value_projection=not args.no_value_projection, epochs=args.epochs,
-                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                       temperature=args.temperature, cosent_scale=args.cosent_scale,
-                       patience=args.patience, seed=args.seed, dev_fraction=args.dev_fraction,
-                       select=args.select, eval_every=args.eval_every, anchor=args.anchor, layer_lr=args.layer_lr,
-                       guard_tolerance=args.guard_tolerance, samples=args.samples)
+                       batch_size=args.batch_size, weight_decay=args.weight_decay, temperature=args.temperature,
+                       seed=args.seed, dev_fraction=args.dev_fraction, select=args.select, anchor=args.anchor,
+                       layer_lr=args.layer_lr, guard_tolerance=args.guard_tolerance, samples=args.samples,
+                       **tuned, **given)
 
 
 def _train(data, dev, guard, hidden_size: int, cfg):
@@ -268,13 +301,14 @@ def _train(data, dev, guard, hidden_size: int, cfg):
         bar.close()
 
 
-def _summary(args: argparse.Namespace, out: Path, train: Texts, dev: Texts | None, report,
+def _summary(args: argparse.Namespace, out: Path, train: Texts, dev: Texts | None, report, cfg,
              states_s: float, train_s: float) -> dict:
     guard = args.guard_data or args.guard_sts
     return {
         "out": str(out), "pooler": f"{args.pooler}:weights={out}", "pairs": len(train.pairs),
         "dev_pairs": len(dev.pairs) if dev else None,
         "objective": train.objective, "roles": args.roles, "select": args.select, "anchor": args.anchor,
+        "lr": cfg.lr, "cosent_scale": cfg.cosent_scale, "eval_every": cfg.eval_every, "patience": cfg.patience,
         "dev": (f"{args.dev_split} split" if args.dev_split
                 else f"{args.dev_fraction:.0%} of the ICT pairs" if args.corpus
                 else f"{args.dev_fraction:.0%} carved from {args.split}"),
@@ -282,6 +316,8 @@ def _summary(args: argparse.Namespace, out: Path, train: Texts, dev: Texts | Non
         "step0_dev_metric": round(report.step0_dev_metric, 5), "best_dev_metric": round(report.best_dev_metric, 5),
         "step0_dev_loss": round(report.step0_dev_loss, 5), "best_dev_loss": round(report.best_dev_loss, 5),
         **({"guard": f"{guard} {args.guard_split or ('train' if args.guard_data else 'dev')}",
+            "guard_rule": ("significant loss (p < 0.05)" if cfg.guard_tolerance is None
+                           else f"more than {cfg.guard_tolerance:g} below"),
             "guard_metric": report.guard_metric, "step0_guard_metric": round(report.step0_guard_metric, 5),
             "best_guard_metric": round(report.best_guard_metric, 5)} if guard else {}),
         "best_epoch": report.best_epoch, "best_step": report.best_step,
@@ -294,6 +330,11 @@ def run(args: argparse.Namespace) -> int:
     from embedpool.poolers.training import Guard
 
     train, dev = training_texts(args)
+    found = guard_beside(args)
+    if found:
+        setattr(args, f"guard_{found[0]}", str(found[1]))
+        print(f"guarded by {found[1]} (a folder of the other kind beside the training data; --no-guard to train "
+              "without)", file=sys.stderr)
     guard = guard_texts(args)
     encoder = load_embedder(from_args(args)).encoder
     injected = None
@@ -307,8 +348,9 @@ def run(args: argparse.Namespace) -> int:
                                            args.max_state_bytes)
     states_s = time.perf_counter() - started
     t0 = time.perf_counter()
+    cfg = _config(args, train.objective)
     head, report = _train(data, dev_data, Guard(guard_data, guard.objective) if guard else None,
-                          encoder.hidden_size, _config(args, train.objective))
+                          encoder.hidden_size, cfg)
     train_s = time.perf_counter() - t0
     head.save(out, encoder=encoder.model_id, objective=train.objective, source=str(args.data or args.sts or args.corpus),
               split=args.split, dev_split=args.dev_split, self_supervised=args.self_supervised, seed=args.seed,
@@ -316,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
               guard=str(args.guard_data or args.guard_sts or "") or None,
               **({"distractors": args.distractors, "distractor_side": args.distractor_side} if injected is not None
                  else {}))
-    summary = _summary(args, out, train, dev, report, states_s, train_s)
+    summary = _summary(args, out, train, dev, report, cfg, states_s, train_s)
     if injected is not None:
         summary.update(distractors=args.distractors, distractor_side=args.distractor_side,
                        injected_fraction=round(injected, 5))

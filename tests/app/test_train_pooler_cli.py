@@ -164,3 +164,32 @@ def test_train_pooler_with_distractors(embedder, tmp_path, monkeypatch, capsys):
     assert cli.main(["train-pooler", "--corpus", str(corpus), "--self-supervised", "ict", "--distractors", "0.5",
                      "--out", str(tmp_path / "no")]) == 2
     assert "--distractors needs labelled pairs" in capsys.readouterr().err
+
+
+def test_defaults_follow_the_objective_and_a_folder_beside_guards(embedder, tmp_path, monkeypatch, capsys):
+    """Without flags, STS pairs train with CoSENT's settings and retrieval pairs with InfoNCE's
+    (poolers.training.OBJECTIVE_DEFAULTS); a folder of the other kind beside the training data
+    guards the training by default (significant losses only), unless --no-guard."""
+    from embedpool.poolers.training import OBJECTIVE_DEFAULTS
+
+    monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
+    sts = tmp_path / "sts"
+    sts.mkdir()
+    _sts(sts, "train", 8)
+    _sts(sts, "dev", 5)
+    beir = _beir(tmp_path / "beir")
+    (tmp_path / "unrelated").mkdir()
+
+    def train(*flags: str) -> dict:
+        assert cli.main(["train-pooler", *flags, "--epochs", "1", "--out", str(tmp_path / "head"),
+                         "--cache-dir", str(tmp_path / "cache")]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    summary = train("--sts", str(sts), "--dev-split", "dev")
+    assert {k: summary[k] for k in OBJECTIVE_DEFAULTS["cosent"]} == OBJECTIVE_DEFAULTS["cosent"]
+    assert summary["guard"] == f"{beir} train" and summary["guard_rule"].startswith("significant")
+    summary = train("--data", str(beir), "--lr", "0.01", "--guard-tolerance", "0.5")
+    assert summary["lr"] == 0.01 and summary["patience"] == OBJECTIVE_DEFAULTS["infonce"]["patience"]
+    assert summary["guard"] == f"{sts} dev" and summary["guard_rule"] == "more than 0.5 below"
+    summary = train("--data", str(beir), "--no-guard")
+    assert "guard" not in summary

@@ -12,9 +12,9 @@ from embedpool.poolers import build_pooler
 from embedpool.poolers.attention import AttentionHead, RoleHeads
 from embedpool.poolers.states import TokenStates
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
-from embedpool.poolers.training import (Guard, PairData, TrainConfig, cache_token_states, dev_metric, ict_pairs,
-                                        ict_positive_states, ict_spans, pad, split_dev, state_bytes,
-                                        train_head)
+from embedpool.poolers.training import (DevItems, Guard, PairData, TrainConfig, cache_token_states, dev_metric,
+                                        ict_pairs, ict_positive_states, ict_spans, pad, significantly_below,
+                                        split_dev, state_bytes, train_head)
 
 
 def _synthetic(n_pairs: int = 96, dim: int = 32, noise_tokens: int = 12, seed: int = 0) -> PairData:
@@ -300,7 +300,7 @@ def test_guard_keeps_no_checkpoint_that_loses_on_another_task():
     _, _, mq = _mean(other.queries)
     _, _, md = _mean(other.docs)
     other.scores = [torch.cosine_similarity(mq[a], md[b], dim=0).item() for a, b in other.pairs]
-    cfg = TrainConfig(epochs=6, batch_size=16, lr=5e-2, patience=6, seed=1)
+    cfg = TrainConfig(epochs=6, batch_size=16, lr=5e-2, patience=6, seed=1, guard_tolerance=0.0)
     free, free_report = train_head(train, 32, cfg)
     assert free_report.best_step > 0 and free_report.best_dev_metric > free_report.step0_dev_metric
     head, report = train_head(train, 32, cfg, guard=Guard(other, "cosent"))
@@ -377,3 +377,31 @@ def test_layer_lr_scales_the_step_of_the_layer_weights_only():
         assert report.best_step > 0
         moved[x] = (head.layer_mix.abs().max().item(), report.best_step)
     assert moved[30.0][0] > 5 * moved[1.0][0], moved
+
+
+def test_the_default_guard_refuses_a_significant_loss_only():
+    """``significantly_below`` (the guard's default rule) against scipy's own tests: per-query
+    nDCG through ``ttest_rel``; Spearman through ``scipy.stats.bootstrap``'s paired interval."""
+    from scipy.stats import bootstrap, spearmanr, ttest_rel
+
+    rng = np.random.default_rng(3)
+    gold = rng.uniform(0, 5, 400)
+    good = DevItems(gold + rng.normal(0, 1.0, 400), gold)
+    same = DevItems(good.values.copy(), gold)
+    assert significantly_below(same, good) == (False, 1.0)
+    noisy = DevItems(gold + rng.normal(0, 1.0, 400), gold)  # as good, other noise
+    worse = DevItems(gold + rng.normal(0, 3.0, 400), gold)
+    better = DevItems(gold + rng.normal(0, 0.3, 400), gold)
+    for now, expect in ((worse, True), (better, False), (noisy, False)):
+        below, p = significantly_below(now, good)
+        ci = bootstrap((now.values, good.values, gold), lambda a, b, g: spearmanr(a, g).statistic
+                       - spearmanr(b, g).statistic, paired=True, vectorized=False, n_resamples=500,
+                       confidence_level=0.9, random_state=0).confidence_interval
+        assert below == expect == (ci.high < 0), (p, ci)
+    # nDCG@10 per query: a one-sided paired t-test
+    before = DevItems(rng.uniform(0, 1, 300))
+    for shift, expect in ((-0.1, True), (0.0, False), (0.1, False)):
+        now = DevItems(np.clip(before.values + shift + rng.normal(0, 0.05, 300), 0, 1))
+        below, p = significantly_below(now, before)
+        assert below == expect
+        assert p == pytest.approx(ttest_rel(now.values, before.values, alternative="less").pvalue)
