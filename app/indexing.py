@@ -45,6 +45,7 @@ import numpy as np
 from embedpool.allocator import release_free_memory
 from embedpool.app import recipe
 from embedpool.app.datasets import Record
+from embedpool.app.retrieval import stored_rows
 from embedpool.app.timed_embedding import embed_by_plan
 from embedpool.app.tables import render_table
 from embedpool.errors import InvalidError, NotFoundError
@@ -436,7 +437,7 @@ class IndexJob:
                 if sel and block.vectors is not None:
                     vec = [block.vectors[t.spec][i] for i in sel]
                     comp = None if t.companion_pooler is None else [block.vectors[t.companion_pooler][i] for i in sel]
-                    t.coll.add([block.ids[i] for i in sel], vec if t.multi else np.stack(vec),
+                    t.coll.add([block.ids[i] for i in sel], stored_rows(t.coll.spec, vec),
                                texts=[block.texts[i] for i in sel] if self.store_text else None,
                                metadata=[block.metadata[i] for i in sel],
                                model=self.embedder.model_id, pooler=t.spec, companion=comp)
@@ -461,6 +462,8 @@ class IndexJob:
         """Bytes ``vectors`` take in ``t``'s collection until a commit (stored precision; the
         companion rows stay in the companion index after a commit, so they are not counted)."""
         spec = t.coll.spec
+        if spec.kind == "sparse":  # (token id, weight) pairs: ids of 2 or 4 bytes, float32 weights
+            return sum(int(np.count_nonzero(v)) for v in vectors) * 8 + 16 * len(vectors)
         n = sum(len(v) for v in vectors) if t.multi else len(vectors)
         return n * bytes_per_vector(spec.dim, spec.precision if t.multi else "float32")
 
@@ -485,7 +488,7 @@ class IndexJob:
         for t in self.targets.values():
             st = t.coll.stats() if t.coll is not None else {}
             rows.append({"pooler": t.label, "spec": t.spec, "collection": t.name,
-                         "kind": "multi" if t.multi else "single",
+                         "kind": t.coll.spec.kind if t.coll is not None else ("multi" if t.multi else "single"),
                          "companion_pooler": t.companion_pooler,
                          "documents": st.get("documents"), "vectors": st.get("vectors"),
                          "bytes_on_disk": st.get("bytes_on_disk"), "bytes_per_doc": st.get("bytes_per_doc"),

@@ -49,6 +49,7 @@ import numpy as np
 
 from embedpool.app.datasets import CorpusSlice, CorpusSource, Record
 from embedpool.app.indexing import EmbeddedBlock, IndexJob, check_position, embed_records, token_calls
+from embedpool.app.retrieval import stored_rows
 from embedpool.errors import EmbedpoolError, InternalError, InvalidError, UnavailableError, import_extra
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class EmbedWorker:
                 continue
             vec = [block.vectors[spec][i] for i in sel]
             comp = None if t["companion_pooler"] is None else [block.vectors[t["companion_pooler"]][i] for i in sel]
-            coll.add([block.ids[i] for i in sel], vec if t["multi"] else np.stack(vec),
+            coll.add([block.ids[i] for i in sel], stored_rows(coll.spec, vec),
                      texts=[block.texts[i] for i in sel] if self.write["store_text"] else None,
                      metadata=[block.metadata[i] for i in sel], model=self.write["model"], pooler=spec,
                      companion=comp)

@@ -8,8 +8,13 @@ inside ``embedpool eval``). ``embedpool search`` and the other routes only open 
 exist. The rules that decide what a collection stores live here once, so that a collection
 made over HTTP and one made by the job of the same model, pooler and options are the same:
 
-- **kind**: ``multi`` for a multi-vector pooler, else ``single``; a kind that contradicts the
-  pooler is refused.
+- **kind**: ``multi`` for a multi-vector pooler, ``sparse`` for a sparse one (``splade``: its
+  non-zero weights stored as (token id, weight) rows, :mod:`index.sparse`; ``single`` asked for
+  explicitly stores them dense, vocabulary-sized, as collections made before sparse ones), else
+  ``single``; a kind that contradicts the pooler is refused.
+- **factory** of a sparse collection: the sparse index (``auto``, ``exact``,
+  ``seismic[:options]``); the dense default every path sends when the caller names none
+  (``IDMap2,Flat``) means ``auto``, another FAISS factory is refused naming ``factory``.
 - **sparse poolers** (``splade``): their vectors are vocabulary weights scored by dot product,
   so they are stored as they are (``normalized`` false) under the inner product (``metric``
   ``ip``); asking for normalized vectors or ``l2`` for one is refused naming the option.
@@ -29,13 +34,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionSpec, canonical_analyzer
+from embedpool.index import CollectionSpec, canonical_analyzer, parse_sparse_factory
 
 #: the companion pooler a multi-vector collection gets when none is named: one ``mean`` row per
 #: window of a document for a pooler that windows long documents, else one ``mean`` per document
 AUTO_COMPANION = "auto"
 #: the companion pooler that asks for none
 NO_COMPANION = "none"
+#: the factory every path sends when the caller names none (a dense collection's)
+DENSE_DEFAULT_FACTORY = "IDMap2,Flat"
+#: what it means for a sparse collection: exact while small, then Seismic (:mod:`index.sparse`)
+SPARSE_DEFAULT_FACTORY = "auto"
 
 
 @dataclass(frozen=True)
@@ -43,13 +52,14 @@ class CollectionOptions:
     """What a caller chooses about a new collection besides its model and pooler.
 
     Args:
-        kind: ``single`` or ``multi``; ``None``: the pooler's.
+        kind: ``single``, ``multi`` or ``sparse``; ``None``: the pooler's.
         dimensions: Matryoshka: keep the first N dimensions (``None``: all; a pooler with a size
             of its own, ``fde`` or ``splade``, keeps its own).
         normalize: L2-normalize the vectors. ``None``: true, except for a sparse pooler, whose
             weights are stored as they are (true for one is refused).
         metric: ``ip`` or ``l2`` (single-vector, dense poolers only).
-        factory: FAISS factory of a single-vector collection.
+        factory: FAISS factory of a single-vector collection; a sparse one's index (``auto``,
+            ``exact``, ``seismic[:options]``; the dense default means ``auto``).
         storage_precision: storage of a multi-vector collection's token vectors.
         token_factory: FAISS factory of a multi-vector collection's token ANN index.
         analyzer: the lexical (BM25) index's analyzer, ``none`` for none.
@@ -63,7 +73,7 @@ class CollectionOptions:
     dimensions: int | None = None
     normalize: bool | None = None
     metric: str = "ip"
-    factory: str = "IDMap2,Flat"
+    factory: str = DENSE_DEFAULT_FACTORY
     storage_precision: str = "float32"
     token_factory: str = "HNSW32"
     analyzer: str = "english"
@@ -85,7 +95,8 @@ def collection_spec(embedder, pooler: str | None, options: CollectionOptions = C
         raise InvalidError(f"{field}: {e}", param=field) from None
     return CollectionSpec(
         kind=kind, model=embedder.model_id, pooler=p.spec, dim=embedder.output_dim(p.spec, options.dimensions),
-        metric=_metric(p, options.metric), normalized=_normalized(p, options.normalize), factory=options.factory,
+        metric=_metric(p, options.metric), normalized=_normalized(p, options.normalize),
+        factory=_sparse_factory(options.factory) if kind == "sparse" else options.factory,
         precision=options.storage_precision, token_factory=options.token_factory,
         encoder_precision=embedder.encoder.precision, analyzer=analyzer,
         **_companion(embedder, p.spec, kind, options))
@@ -93,6 +104,14 @@ def collection_spec(embedder, pooler: str | None, options: CollectionOptions = C
 
 def _kind(pooler, kind: str | None) -> str:
     multi = bool(pooler.multi_vector)
+    if kind == "sparse" and not pooler.sparse:
+        raise InvalidError(f"kind: pooler {pooler.spec!r} gives dense vectors; kind 'sparse' is for sparse poolers "
+                           "(splade)", param="kind")
+    if pooler.sparse and kind != "single":
+        if kind == "multi":
+            raise InvalidError(f"kind: pooler {pooler.spec!r} gives one sparse vector per document; use kind "
+                               "'sparse' (or leave kind out)", param="kind")
+        return "sparse"
     if multi and kind == "single":
         raise InvalidError(f"kind: pooler {pooler.spec!r} gives several vectors per document; use kind 'multi' "
                            "or a single-vector pooler", param="kind")
@@ -100,6 +119,14 @@ def _kind(pooler, kind: str | None) -> str:
         raise InvalidError(f"kind: pooler {pooler.spec!r} gives one vector per document; use kind 'single' "
                            "or a multi-vector pooler (tokens, cluster)", param="kind")
     return "multi" if multi else "single"
+
+
+def _sparse_factory(factory: str | None) -> str:
+    """A sparse collection's index: the dense default (or none) means ``auto``."""
+    if factory is None or factory == DENSE_DEFAULT_FACTORY:
+        return SPARSE_DEFAULT_FACTORY
+    parse_sparse_factory(factory, "factory")
+    return factory
 
 
 def _normalized(pooler, normalize: bool | None) -> bool:

@@ -33,7 +33,7 @@ from embedpool.app.recipe import resolve_companion_pooler  # noqa: F401  (its ol
 from embedpool.errors import InvalidError
 from embedpool.index import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, CollectionBase, CollectionSpec, Hit,
                              companion_refusal, maxsim_scores, parse_filter)
-from embedpool.poolers import EmbedOptions, build_pooler
+from embedpool.poolers import EmbedOptions, build_pooler, sparse_entries
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,17 @@ def document_embeddings(spec: CollectionSpec,
     rows if it keeps them (``add(companion=...)``)."""
     return (collection_embedding(spec, model_dim, role="document"),
             companion_embedding(spec, model_dim, role="document"))
+
+
+def stored_rows(spec: CollectionSpec, vectors: Sequence[np.ndarray]) -> Any:
+    """A pooler's vectors for texts (one entry per text) as a collection of ``spec`` takes them
+    in ``add`` and ``search``: one ``[n, dim]`` array (single), the list (multi), or the sparse
+    pooler's non-zeros as ``{indices, values}`` rows (sparse, :func:`poolers.sparse_entries`)."""
+    if spec.kind == "sparse":
+        return sparse_entries([np.asarray(v) for v in vectors])
+    if spec.kind == "multi":
+        return list(vectors)
+    return np.stack(vectors) if len(vectors) else np.zeros((0, spec.dim), np.float32)
 
 
 def vector_mode(mode: str, hybrid_mode: str = "exhaustive") -> str | None:
@@ -219,7 +230,7 @@ class Search:
             kw["mode"] = self._vmode
         q = take(vectors[self.query])
         if not self.multi:
-            return self.collection.search(np.stack(q) if q else np.zeros((0, self.collection.spec.dim)), **kw)
+            return self.collection.search(stored_rows(self.collection.spec, q), **kw)
         if self.companion_query is not None:
             # a per-window companion pooler gives a query one row ([1, D]): its vector
             cq = np.stack([np.asarray(v).reshape(-1, np.shape(v)[-1])[0] for v in take(vectors[self.companion_query])])

@@ -1,4 +1,4 @@
-"""Storage side of embedpool: persistent single- and multi-vector collections.
+"""Storage side of embedpool: persistent single-vector, multi-vector and sparse collections.
 
 Imports only numpy, faiss, sqlite3, pymilvus and the standard library (never ``poolers`` or
 ``app``); pymilvus only when the Milvus backend is used.
@@ -29,6 +29,7 @@ from .filters import parse_filter
 from .fusion import FUSIONS
 from .lexical import LANGUAGES, canonical_analyzer
 from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
+from .sparse import check_sparse_rows, parse_sparse_factory
 from .spec import FORMAT_VERSION, CollectionSpec
 from .validate import (INT_MAX, INT_MIN, MAX_ID_BYTES, MAX_METADATA_BYTES, MAX_METADATA_DEPTH, check_document,
                        check_unicode)
@@ -40,7 +41,7 @@ __all__ = [
     "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
     "check_document", "check_unicode", "INT_MIN", "INT_MAX", "MAX_ID_BYTES", "MAX_METADATA_BYTES",
-    "MAX_METADATA_DEPTH",
+    "MAX_METADATA_DEPTH", "check_sparse_rows", "parse_sparse_factory",
 ]
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from .filters import Node, parse_filter
 from .fusion import DEPTH, check_fusion, fuse
+from .sparse import check_sparse_rows
 from .spec import CollectionSpec, check_name
 from .validate import (
     as_matrix,
@@ -47,6 +48,7 @@ from .validate import (
     check_single_vectors,
     check_texts,
     preview,
+    refuse_sparse_rows,
 )
 
 #: The search modes of a multi-vector collection (:meth:`CollectionBase.search`): every layer
@@ -211,7 +213,9 @@ class CollectionBase(ABC):
 
         Args:
             ids: external string ids, unique within the batch.
-            vectors: single: ``[n, dim]`` array; multi: ``n`` arrays ``[n_i, dim]`` (``n_i >= 1``).
+            vectors: single: ``[n, dim]`` array; multi: ``n`` arrays ``[n_i, dim]`` (``n_i >= 1``);
+                sparse: ``n`` rows ``(indices, values)`` or ``{indices, values}``, or a
+                ``scipy.sparse`` ``[n, dim]`` matrix (:func:`index.sparse.check_sparse_rows`).
             texts: optional text per document.
             metadata: optional JSON-serializable dict per document.
             model, pooler: if given, must equal the manifest's (guards against mixing models).
@@ -252,8 +256,9 @@ class CollectionBase(ABC):
     # ---- the contract: reads ---------------------------------------------------------------
     @abstractmethod
     def get(self, id: str) -> dict[str, Any]:
-        """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi,
-        float32 ``[n_i, dim]``). Unknown id: :class:`NotFoundError`."""
+        """``{id, text, metadata, vector}`` (single; sparse: ``vector`` is ``{indices, values}``)
+        or ``{id, text, metadata, vectors}`` (multi, float32 ``[n_i, dim]``). Unknown id:
+        :class:`NotFoundError`."""
 
     @abstractmethod
     def ids(self) -> list[str]:
@@ -292,7 +297,8 @@ class CollectionBase(ABC):
     # applies it inside the search: k hits whenever k matching documents exist.
     @abstractmethod
     def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
-        """Top-k of single-vector queries ``[q, dim]``."""
+        """Top-k of single-vector queries ``[q, dim]`` (a sparse collection's: a ``scipy.sparse``
+        CSR matrix ``[q, dim]``, :mod:`index.sparse`)."""
 
     @abstractmethod
     def _search_exhaustive(self, qs: list[np.ndarray], k: int, flt: Node | None = None) -> list[list[Hit]]:
@@ -336,6 +342,8 @@ class CollectionBase(ABC):
         ids = check_ids(ids)
         if self.spec.kind == "single":
             vecs: Any = check_single_vectors(self.spec, self.name, vectors, ids, "vectors")
+        elif self.spec.kind == "sparse":
+            vecs = check_sparse_rows(self.spec.dim, self.name, vectors, ids, "vectors")
         else:
             vecs = check_multi_vectors(self.spec, self.name, vectors, ids, "vectors")
         return (ids, vecs, check_texts(texts, len(ids)), check_metadata(metadata, ids),
@@ -394,6 +402,8 @@ class CollectionBase(ABC):
 
         Args:
             queries: single: ``[q, dim]`` array. multi: ``q`` arrays ``[m_i, dim]`` of query tokens.
+                sparse: ``q`` rows ``(indices, values)`` (as ``add`` takes them); the
+                collection's ``factory`` decides exact or approximate (:mod:`index.sparse`).
                 Not needed by ``mode="bm25"``.
             k: results per query.
             mode: ``bm25`` (the lexical index alone, on ``texts``), ``hybrid`` (BM25 fused with
@@ -460,7 +470,10 @@ class CollectionBase(ABC):
                         companion_queries: Any, companion_pooler: str | None,
                         flt: Node | None) -> list[list[Hit]]:
         if self.spec.kind == "single":
+            refuse_sparse_rows(self.spec, self.name, queries, "queries")
             return self._search_single(as_matrix(queries, self.spec.dim, "queries", self.name), k, flt)
+        if self.spec.kind == "sparse":  # one hook for both: a sparse [q, dim] matrix of queries
+            return self._search_single(check_sparse_rows(self.spec.dim, self.name, queries, None, "queries"), k, flt)
         qs = check_multi_vectors(self.spec, self.name, queries, None, "queries")
         if not qs:
             return []

@@ -21,11 +21,16 @@ from .lexical import canonical_analyzer
 #: commit, so every collection this code creates is version 3: an embedpool that knows only 2
 #: refuses it instead of writing documents that filters and lexical search would not find.
 FORMAT_VERSION = 3
+#: Version 4: a sparse collection (``kind="sparse"``, :mod:`index.sparse`), written with this
+#: version so that an embedpool that knows only version 3 refuses it ("upgrade embedpool") instead
+#: of failing on a kind it does not know; dense collections are still written as version 3.
+SPARSE_FORMAT_VERSION = 4
+NEWEST_FORMAT_VERSION = SPARSE_FORMAT_VERSION
 COMPANION_ROWS = ("document", "window")
 FORMAT_NAME = "embedpool-collection"
 MANIFEST = "manifest.json"
 
-KINDS = ("single", "multi")
+KINDS = ("single", "multi", "sparse")
 METRICS = ("ip", "l2")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -36,6 +41,7 @@ _FIELDS = {
     "multi": ("kind", "model", "pooler", "dim", "metric", "normalized", "precision",
               "token_factory", "companion_pooler", "companion_dim", "companion_rows",
               "companion_factory", "analyzer"),
+    "sparse": ("kind", "model", "pooler", "dim", "metric", "normalized", "factory", "analyzer"),
 }
 
 
@@ -53,13 +59,15 @@ class CollectionSpec:
     """What a collection stores; recorded in its manifest and checked on every write.
 
     Args:
-        kind: ``single`` (one vector per document, FAISS) or ``multi`` (token vectors, MaxSim).
+        kind: ``single`` (one vector per document, FAISS), ``multi`` (token vectors, MaxSim) or
+            ``sparse`` (one sparse row of token ids and weights per document, :mod:`index.sparse`).
         model: id of the model that made the vectors (recorded; ``add(model=...)`` must match).
         pooler: pooler spec string (recorded; ``add(pooler=...)`` must match).
-        dim: vector dimension.
+        dim: vector dimension (sparse: the vocabulary's size).
         metric: ``ip`` (inner product; cosine when normalized) or ``l2`` (single only).
         normalized: vectors are L2-normalized; ``add`` refuses vectors whose norm is not ~1.
-        factory: single: FAISS index factory string (``IDMap2,Flat``, ``HNSW32``, ``IVF256,PQ32``, ...).
+        factory: single: FAISS index factory string (``IDMap2,Flat``, ``HNSW32``, ``IVF256,PQ32``, ...);
+            sparse: ``auto``, ``exact`` or ``seismic[:options]`` (:func:`index.sparse.parse_sparse_factory`).
         precision: multi: storage precision of token vectors, ``float32`` | ``float16`` | ``int8``.
         token_factory: multi: FAISS factory of the token-level ANN index used by ``mode="tokens"``.
         companion_pooler: multi: pooler spec of the companion -- the single vectors the collection
@@ -102,7 +110,7 @@ class CollectionSpec:
         import faiss
 
         if self.kind not in KINDS:
-            raise InvalidError(f"spec.kind={self.kind!r}: use 'single' or 'multi'", param="kind")
+            raise InvalidError(f"spec.kind={self.kind!r}: use 'single', 'multi' or 'sparse'", param="kind")
         if not isinstance(self.model, str) or not isinstance(self.pooler, str):
             raise InvalidError("spec.model and spec.pooler must be strings", param="model")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
@@ -114,7 +122,9 @@ class CollectionSpec:
         if canonical_analyzer(self.analyzer) != self.analyzer:
             raise InvalidError(f"spec.analyzer={self.analyzer!r}: write it as "
                                f"{canonical_analyzer(self.analyzer)!r}", param="analyzer")
-        if self.kind == "single":
+        if self.kind == "sparse":
+            self._validate_sparse()
+        elif self.kind == "single":
             _check_factory("factory", self.factory, self.dim, self.metric)
             if self.companion_pooler is not None:
                 raise InvalidError("spec.companion_pooler: only multi-vector collections have a companion",
@@ -134,6 +144,19 @@ class CollectionSpec:
             if self.companion_pooler is not None:
                 self._validate_companion()
         return self
+
+    def _validate_sparse(self) -> None:
+        from .sparse import parse_sparse_factory
+
+        if self.metric != "ip":
+            raise InvalidError("sparse collections score by dot product: spec.metric must be 'ip'", param="metric")
+        if self.normalized:
+            raise InvalidError("sparse collections store their weights as they are: spec.normalized must be false",
+                               param="normalized")
+        if self.companion_pooler is not None:
+            raise InvalidError("spec.companion_pooler: only multi-vector collections have a companion",
+                               param="companion_pooler")
+        parse_sparse_factory(self.factory, "factory")
 
     def _validate_companion(self) -> None:
         if not isinstance(self.companion_pooler, str) or not self.companion_pooler:
@@ -157,7 +180,7 @@ class CollectionSpec:
     @property
     def format_version(self) -> int:
         """The layout version a collection of this spec is written with (see :data:`FORMAT_VERSION`)."""
-        return FORMAT_VERSION
+        return SPARSE_FORMAT_VERSION if self.kind == "sparse" else FORMAT_VERSION
 
     @property
     def lexical(self) -> bool:
@@ -248,10 +271,10 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
     version = data.get("format_version")
     if not isinstance(version, int) or version < 1:
         raise ConflictError(f"{where}: bad format_version {version!r}")
-    if version > FORMAT_VERSION:
+    if version > NEWEST_FORMAT_VERSION:
         raise ConflictError(
             f"{where} has format version {version}, newer than this embedpool supports "
-            f"({FORMAT_VERSION}); upgrade embedpool to open it")
+            f"({NEWEST_FORMAT_VERSION}); upgrade embedpool to open it")
     try:
         CollectionSpec.from_dict(data).validate()
     except InvalidError as e:

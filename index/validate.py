@@ -254,8 +254,20 @@ def check_norms(norms: np.ndarray, label, param: str | None = None) -> None:
             "L2-normalize the vectors (or create the collection with normalized=False)", param=param)
 
 
+def refuse_sparse_rows(spec: CollectionSpec, coll: str, vectors: Any, what: str) -> None:
+    """A dense collection given sparse ``{indices, values}`` rows: :class:`ConflictError` naming ``what``."""
+    from .sparse import looks_sparse
+
+    if looks_sparse(vectors):
+        shape = f"[n, {spec.dim}] array" if spec.kind == "single" else f"list of [n_i, {spec.dim}] arrays"
+        raise ConflictError(
+            f"{what}: collection {coll!r} stores dense {spec.dim}-d vectors ({spec.kind}): give a {shape}, not "
+            "sparse {indices, values} rows (a sparse pooler's collection is created with kind 'sparse')", param=what)
+
+
 def check_single_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: list[str],
                          what: str) -> np.ndarray:
+    refuse_sparse_rows(spec, coll, vectors, what)
     if isinstance(vectors, (list, tuple)) and vectors and isinstance(vectors[0], np.ndarray) \
             and vectors[0].ndim == 2:
         raise ConflictError(
@@ -272,6 +284,7 @@ def check_single_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: lis
 def check_multi_vectors(spec: CollectionSpec, coll: str, vectors: Any, ids: list[str] | None,
                         what: str) -> list[np.ndarray]:
     """Per document (``ids`` given) or per query (``ids=None``) a ``float32 [n_i, dim]`` array."""
+    refuse_sparse_rows(spec, coll, vectors, what)
     if isinstance(vectors, np.ndarray):
         if vectors.ndim == 2:
             raise ConflictError(

@@ -429,9 +429,13 @@ class CollectionCreate(Strict):
         "the served model whose vectors it holds (default: the server's first); every upsert and search of the "
         "collection is embedded with it"))
     pooler: PoolerSpec | None = Field(None, description="default: the server's pooler")
-    kind: Literal["single", "multi"] | None = Field(
-        None, description="default: `multi` for multi-vector poolers, else `single`")
-    factory: StrictStr = Field("IDMap2,Flat", max_length=256, description="single: FAISS index factory string")
+    kind: Literal["single", "multi", "sparse"] | None = Field(
+        None, description="default: `multi` for multi-vector poolers, `sparse` for sparse ones (`splade`: the non-zero "
+                          "weights stored as (token id, weight) rows; `single` stores them dense), else `single`")
+    factory: StrictStr = Field("IDMap2,Flat", max_length=256, description=(
+        "single: FAISS index factory string; sparse: `auto` (what the default means: exact while the rows take at "
+        "most 64 MiB, then Seismic), `exact`, or `seismic[:n_postings=3500,summary_energy=0.4,centroid_fraction=0.1,"
+        "query_cut=20,heap_factor=0.9]`"))
     metric: Literal["ip", "l2"] = "ip"
     normalized: StrictBool | None = Field(None, description=(
         "store L2-normalized vectors. Default: true, but false for a sparse pooler (`splade`), whose weights are "

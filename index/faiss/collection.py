@@ -8,6 +8,7 @@ On-disk layout of ``<data_dir>/<name>/``::
                              vector files
     writer.lock              flock held by the process that has uncommitted writes
     vectors-<gen>.faiss      single: the FAISS index as of commit <gen> (the base)
+    sparse-<gen>.npz         sparse: the rows as of commit <gen> (+ sparse-<gen>.delta.npz; index.faiss.sparse)
     vectors-<gen>.delta.npz  single: the rows commit <gen> appended to the base (index.faiss.single)
     seg-<id>.vec.npy         multi: token codes of one append-only segment
     seg-<id>.aux.npz         multi: its doc offsets, internal ids, int8 scales
@@ -59,6 +60,7 @@ from ..lexical import parse_analyzer
 from .locks import FileLock, RWLock
 from .multi import MultiStore
 from .single import SingleStore
+from .sparse import SparseStore
 from ..spec import MANIFEST, CollectionSpec
 from ..validate import topk
 from .vectors import StoreCommit, StoreState, VectorStore
@@ -68,8 +70,8 @@ log = logging.getLogger("embedpool.index")
 __all__ = ["FaissCollection", "Hit", "list_collections", "delete_collection", "collection_manifest"]
 
 _MANAGED = re.compile(r"^((vectors|tokens|companion)-\d+\.faiss|(vectors|companion)-\d+\.delta\.npz|"
-                      r"seg-\d+\.(vec\.npy|aux\.npz))(\.tmp)?$")
-STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore}
+                      r"seg-\d+\.(vec\.npy|aux\.npz)|sparse-\d+(\.delta)?\.npz)(\.tmp)?$")
+STORES: dict[str, type[VectorStore]] = {"single": SingleStore, "multi": MultiStore, "sparse": SparseStore}
 PROPERTY_PREFIX = "property:"
 #: bytes of matching-id arrays kept for repeated filters (:meth:`FaissCollection._matching`)
 FILTER_CACHE_BYTES = 64 << 20
@@ -512,7 +514,7 @@ class FaissCollection(CollectionBase):
                     D, I = self._vec.search(x[rows], kk)
                     return [[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0] for dr, ir in zip(D, I)]
 
-                return self._hits(self._post_filtered(search, len(x), k, flt, share, self._vec.n_docs))
+                return self._hits(self._post_filtered(search, x.shape[0], k, flt, share, self._vec.n_docs))
             D, I = self._vec.search(x, k, self._matching(flt))
             return self._hits([[(float(d), int(i)) for d, i in zip(dr, ir) if i >= 0]
                                for dr, ir in zip(D, I)])

@@ -23,7 +23,7 @@ import numpy as np
 from ..durable import write_durable
 from embedpool.errors import InternalError, InvalidError
 from ..spec import CollectionSpec, _faiss_metric, _first_line
-from .vectors import StoreCommit, StoreState, VectorStore, npz_memmap
+from .vectors import BaseAndDeltas, StoreCommit, StoreState, npz_memmap
 
 HNSW_EF_SEARCH = 64
 _MAP_LOCK = threading.Lock()
@@ -79,7 +79,7 @@ def recommended_training_vectors(factory: str) -> int:
     return rec
 
 
-class SingleStore(VectorStore):
+class SingleStore(BaseAndDeltas):
     """A FAISS index with ids. Indexes that cannot remove (HNSW) keep removed ids as ``dead``:
     they are filtered out of search results (over-fetching) until :meth:`rebuilt`."""
 
@@ -124,12 +124,6 @@ class SingleStore(VectorStore):
         if isinstance(inner, faiss.IndexHNSW):
             inner.hnsw.efSearch = HNSW_EF_SEARCH
         return cls(spec, idx)
-
-    @classmethod
-    def committed_files(cls, state: StoreState) -> list[str]:
-        if not state.meta.get(cls.META_KEY):
-            return []
-        return [state.meta[cls.META_KEY], *(state.meta.get(cls.DELTAS_KEY) or [])]
 
     @classmethod
     def load(cls, spec: CollectionSpec, folder: Path, state: StoreState,

@@ -131,6 +131,21 @@ class VectorStore(ABC):
         store's part of :class:`index.base.Stats`)."""
 
 
+class BaseAndDeltas(VectorStore):
+    """A store committed as a base file (named by the ``meta`` key :attr:`META_KEY`) plus the
+    append-only deltas of later commits (the list under :attr:`DELTAS_KEY`): single-vector and
+    sparse stores."""
+
+    META_KEY: ClassVar[str] = ""
+    DELTAS_KEY: ClassVar[str] = ""
+
+    @classmethod
+    def committed_files(cls, state: StoreState) -> list[str]:
+        if not state.meta.get(cls.META_KEY):
+            return []
+        return [state.meta[cls.META_KEY], *(state.meta.get(cls.DELTAS_KEY) or [])]
+
+
 def npz_memmap(path: Path, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Read-only memory maps of the arrays ``names`` of an ``.npz`` file (``np.savez`` stores
     them uncompressed, each a whole ``.npy`` inside the zip); the ones stored compressed, or

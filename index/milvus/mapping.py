@@ -48,7 +48,11 @@ def vector_factory(spec: CollectionSpec) -> str:
 
 def check_factories(spec: CollectionSpec) -> None:
     """Every FAISS factory of ``spec`` that a Milvus collection maps has a Milvus equivalent
-    (:class:`InvalidError` naming the field): the indexed vectors' and the companion rows'."""
+    (:class:`InvalidError` naming the field): the indexed vectors' and the companion rows'. A
+    sparse collection is refused (naming ``kind``): this backend does not store sparse rows yet."""
+    if spec.kind == "sparse":
+        raise InvalidError("kind: sparse collections are stored by the FAISS backend only so far (--backend faiss, "
+                           "EMBEDPOOL_BACKEND=faiss); Milvus' SPARSE_FLOAT_VECTOR is not wired in", param="kind")
     fields = [("factory" if spec.kind == "single" else "token_factory", vector_factory(spec))]
     if spec.companion_pooler is not None:
         fields.append(("companion_factory", spec.companion_factory))

@@ -39,6 +39,7 @@ CDIM = 6  # companion vectors: another dimension than the token vectors', so a m
 WINDOWS = CollectionSpec(**{**MULTI.to_dict(), "companion_pooler": "mean", "companion_dim": CDIM,
                             "companion_rows": "window"})
 PER_DOC = CollectionSpec(**{**WINDOWS.to_dict(), "companion_rows": "document"})
+SPARSE = CollectionSpec(kind="sparse", model="m", pooler="splade", dim=40, normalized=False, factory="exact")
 CONTRACT = {"add", "delete", "commit", "compact", "build_token_index", "get_property", "set_property",
             "get", "ids", "stats", "__len__", "__contains__", "refresh", "close"}
 
@@ -545,3 +546,52 @@ def test_the_one_check_of_what_a_document_stores():
             check_document(doc_id, meta, "documents[3]", max_metadata_depth=3, max_metadata_bytes=14,
                            context="corpus.jsonl, line 4: ")
         assert e.value.param == path and e.value.message.startswith(f"corpus.jsonl, line 4: {path}: "), e.value.message
+
+
+def _sparse_rows(rng, n):
+    return [{"indices": rng.choice(SPARSE.dim, 5, replace=False).tolist(), "values": rng.random(5).tolist()}
+            for _ in range(n)]
+
+
+def test_sparse_collections_keep_the_contract_or_are_refused_naming_kind(where):
+    """A sparse collection (token id, weight rows) keeps the same stats keys, writes, deletes,
+    filters and reopening as the other kinds where the backend stores sparse rows; a backend
+    that does not refuses to create one, naming ``kind``, and leaves nothing behind."""
+    if where["backend"] == "milvus":
+        with pytest.raises(InvalidError, match="sparse collections are stored by the FAISS backend only") as e:
+            _open(where, "sp", SPARSE)
+        assert e.value.param == "kind"
+        kw = dict(where)
+        assert "sp" not in list_collections(kw.pop("data_dir"), **kw)
+        return
+    rng = np.random.default_rng(5)
+    coll = _open(where, "sp", SPARSE)
+    try:
+        assert tuple(coll.stats()) == STATS_KEYS
+        rows = _sparse_rows(rng, 12)
+        ids = [f"d{i}" for i in range(12)]
+        coll.add(ids, rows, texts=[f"text {i}" for i in ids], metadata=[{"i": i} for i in range(12)])
+        coll.commit()
+        st = coll.stats()
+        assert (st["documents"], st["vectors"]) == (12, 12) and st["bytes_per_doc"] > 0
+        assert coll.manifest["counts"] == {"documents": 12, "vectors": 12}
+        assert coll.search([rows[3]], k=1)[0][0].id == "d3"
+        assert {h.id for h in coll.search([rows[3]], k=12, filter={"i": {"$gte": 10}})[0]} == {"d10", "d11"}
+        coll.delete(["d3"])
+        coll.commit()
+        assert "d3" not in {h.id for h in coll.search([rows[3]], k=12)[0]}
+        with pytest.raises(NotFoundError):
+            coll.get("d3")
+        with pytest.raises(ConflictError) as e:
+            coll.add(["x"], np.ones((1, SPARSE.dim), np.float32))
+        assert e.value.param == "vectors"
+    finally:
+        coll.close()
+    coll = _open(where, "sp")
+    try:
+        assert len(coll) == 11 and coll.spec == SPARSE
+        # its lexical index, alone and fused with the sparse rows, as every kind's
+        assert [h.id for h in coll.search(k=1, mode="bm25", texts=["text d5"])[0]] == ["d5"]
+        assert coll.search([rows[5]], k=1, mode="hybrid", texts=["text d5"])[0][0].id == "d5"
+    finally:
+        coll.close()

@@ -12,7 +12,6 @@ import logging
 from functools import partial
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import PathConvertor, register_url_convertor
@@ -86,7 +85,7 @@ async def _open(collections: Collections, engines: Engines, name: str,
                 model: str | None = None) -> tuple[index.CollectionBase, Engine]:
     """The collection and the engine of the model its manifest records (409 if it is not served,
     or if the request names another one in ``model``)."""
-    engines.default.require()
+    engines.default.require_model()
     coll = await run_in_threadpool(collections.get, name)
     engine = engines.for_collection(coll.name, coll.spec.model)
     if model is not None and engines.pick(model) is not engine:
@@ -201,8 +200,7 @@ async def upsert_documents(request: Request, body: list[DocumentIn] | DocumentsI
         engine.pooler(e.pooler, trusted=True)  # a manifest pooler this server cannot build: 422
     vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field="documents"), texts, wanted)
     vecs = vectors[own]
-    await run_in_threadpool(collections.add, coll, [d.id for d in docs],
-                            np.stack(vecs) if coll.spec.kind == "single" else vecs, texts,
+    await run_in_threadpool(collections.add, coll, [d.id for d in docs], retrieval.stored_rows(coll.spec, vecs), texts,
                             [d.metadata for d in docs], model=engine.embedder.model_id, pooler=coll.spec.pooler,
                             companion=vectors[comp] if comp else None)
     return JSON({"upserted": len(docs), "documents": len(coll), "usage": {"tokens": tokens}})
