@@ -174,13 +174,34 @@ def model_entries(values: Sequence[str] | str | None) -> list[tuple[str, str | N
     return out
 
 
-def load_embedder(settings: Settings):
-    """The :class:`poolers.Embedder` for these settings (imported lazily: torch is slow to import)."""
-    from embedpool.poolers import Embedder, FrozenEncoder
+def _calibration(settings: Settings) -> list[str] | None:
+    if not settings.calibration_file:
+        return None
+    return [t for t in Path(settings.calibration_file).read_text().splitlines() if t.strip()]
 
-    calibration = None
-    if settings.calibration_file:
-        calibration = [t for t in Path(settings.calibration_file).read_text().splitlines() if t.strip()]
+
+def load_embedder(settings: Settings):
+    """The :class:`poolers.Embedder` for these settings (imported lazily: torch is slow to import).
+    A cross-encoder (a reranker) gives no embeddings: refused, naming what to do with it."""
+    from embedpool.poolers import Embedder, FrozenEncoder, is_cross_encoder
+    from embedpool.poolers.encoder import resolve_model
+
+    if is_cross_encoder(resolve_model(settings.model)[1]):
+        raise InvalidError(f"model {settings.model!r} is a reranker (a cross-encoder: it scores query-document "
+                           "pairs) and gives no embeddings; serve it (embedpool serve --model ...) and rank with "
+                           "POST /rerank, or use an embedding model here", param="--model")
     encoder = FrozenEncoder(settings.model, precision=settings.precision,
-                            max_batch_tokens=settings.max_batch_tokens, calibration=calibration)
+                            max_batch_tokens=settings.max_batch_tokens, calibration=_calibration(settings))
     return Embedder(encoder, default_pooler=settings.pooler)
+
+
+def load_model(settings: Settings):
+    """What a server serves for these settings: a :class:`poolers.CrossEncoderModel` for a
+    cross-encoder (a reranker), else the :class:`poolers.Embedder` of :func:`load_embedder`."""
+    from embedpool.poolers import CrossEncoderModel, is_cross_encoder
+    from embedpool.poolers.encoder import resolve_model
+
+    if is_cross_encoder(resolve_model(settings.model)[1]):
+        return CrossEncoderModel(settings.model, precision=settings.precision,
+                                 max_batch_tokens=settings.max_batch_tokens, calibration=_calibration(settings))
+    return load_embedder(settings)

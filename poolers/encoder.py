@@ -303,41 +303,12 @@ class FrozenEncoder:
     def _load_path(self, precision: str, calibration: Sequence[str] | None) -> None:
         """Resolve ``precision`` (``auto``: from this CPU's features) and build its forward;
         under ``auto`` a path that fails to build (e.g. an architecture a converter does not
-        handle) falls back to fp32 with the reason logged."""
-        from embedpool.poolers.precision import load_forward, resolve
+        handle) falls back to fp32 with the reason logged (:func:`precision.build_path`)."""
+        from embedpool.poolers.precision import build_path
 
-        path, reason = resolve(precision) if self.device.type == "cpu" else ("fp32", "not a CPU device")
-        unsafe = self._openvino_unsafe() if path.startswith("openvino") else None
-        if unsafe and precision != "auto":
-            raise InvalidError(f"precision {path} cannot run this model: {unsafe}; use fp32, bf16 or auto",
-                               param="precision")
-        if unsafe:
-            log.warning("precision path %s not used: %s; using fp32", path, unsafe)
-            path, reason = "fp32", f"fp32: {path} not used: {unsafe}"
-        try:
-            self._forward_fn = load_forward(path, self.model, self.tokenizer, self.max_length, calibration)
-        except Exception as exc:
-            if precision != "auto" or path == "fp32":
-                raise
-            log.warning("precision path %s failed to build (%s); using fp32", path, exc)
-            path, reason = "fp32", f"{path} failed to build: {exc}"
-            self._forward_fn = self.model
-        self.precision, self.precision_reason = path, reason
-        log.info("encoder precision %s (asked: %s): %s", path, precision, reason)
-
-    def _openvino_unsafe(self) -> str | None:
-        """Why the OpenVINO graph of this model gives wrong vectors, or ``None``. ModernBERT's local
-        (sliding-window) attention layers, converted, turn a padding position whose window holds
-        no real token into NaN (softmax over keys that are all masked); the next layers multiply
-        those NaN values by zero attention weights, and every vector of that text becomes NaN.
-        Any batch with a text shorter than another by more than half the local window has such
-        positions (bench/families.py: 24 of 128 SciFact documents NaN on openvino-bf16 and -fp32).
-        transformers' torch paths keep those rows finite."""
-        local = getattr(self.model.config, "local_attention", None)
-        if isinstance(local, int) and local // 2 < self.max_length:
-            return (f"its local attention window ({local} tokens, {type(self.model).__name__}) turns padded "
-                    "positions into NaN in the converted OpenVINO graph")
-        return None
+        self._forward_fn, self.precision, self.precision_reason = build_path(
+            precision, self.model, self.tokenizer, self.max_length, calibration, cpu=self.device.type == "cpu")
+        log.info("encoder precision %s (asked: %s): %s", self.precision, precision, self.precision_reason)
 
     def check_pooler(self, pooler) -> None:
         """Refuse, with the reason, a pooler that cannot work on this model: ``landmark`` without a

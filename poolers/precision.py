@@ -10,11 +10,14 @@ injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones (``/proc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from embedpool.cpu import CpuFeatures, cpu_features
 from embedpool.errors import InvalidError
 from embedpool.precisions import ENCODER_ALIASES, ENCODER_PATHS, ENCODER_PRECISIONS
+
+log = logging.getLogger(__name__)
 
 
 def library_available(library: str) -> bool:
@@ -77,10 +80,11 @@ def resolve(precision: str, features: CpuFeatures | None = None) -> tuple[str, s
     return precision, "asked for by name"
 
 
-def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration=None, cache_dir=None):
+def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration=None, cache_dir=None,
+                 packing: bool = True):
     """The forward callable of ``path`` for a loaded transformers ``model`` (see
     :mod:`poolers.runtimes`); ``fp32`` and ``bf16`` (autocast, applied by the encoder) are the
-    model itself."""
+    model itself. ``packing=False``: the caller never packs rows (no 4D-mask graph is built)."""
     from embedpool.poolers import runtimes
 
     if path not in ENCODER_PATHS:
@@ -91,4 +95,46 @@ def load_forward(path: str, model, tokenizer, max_length: int = 256, calibration
         return runtimes.bf16_weights(model)
     isa = cpu_features().isa
     mode = path.removeprefix("openvino-")
-    return runtimes.load_openvino(model, tokenizer, mode, isa, calibration, max_length, cache_dir=cache_dir)
+    return runtimes.load_openvino(model, tokenizer, mode, isa, calibration, max_length, cache_dir=cache_dir,
+                                  packing=packing)
+
+
+def openvino_unsafe(model, max_length: int) -> str | None:
+    """Why the OpenVINO graph of ``model`` gives wrong states, or ``None``. ModernBERT's local
+    (sliding-window) attention layers, converted, turn a padding position whose window holds
+    no real token into NaN (softmax over keys that are all masked); the next layers multiply
+    those NaN values by zero attention weights, and every vector of that text becomes NaN.
+    Any batch with a text shorter than another by more than half the local window has such
+    positions (bench/families.py: 24 of 128 SciFact documents NaN on openvino-bf16 and -fp32).
+    transformers' torch paths keep those rows finite."""
+    local = getattr(model.config, "local_attention", None)
+    if isinstance(local, int) and local // 2 < max_length:
+        return (f"its local attention window ({local} tokens, {type(model).__name__}) turns padded "
+                "positions into NaN in the converted OpenVINO graph")
+    return None
+
+
+def build_path(precision: str, model, tokenizer, max_length: int, calibration=None, *, cpu: bool = True,
+               packing: bool = True):
+    """``(forward, path, reason)`` for a loaded transformers ``model``: ``precision`` resolved
+    (``auto``: from this CPU's features; not a CPU: fp32) and its forward built
+    (:func:`load_forward`). Under ``auto``, a path that cannot run the model
+    (:func:`openvino_unsafe`) or fails to build (an architecture a converter does not handle)
+    falls back to fp32 with the reason logged; a path asked for by name raises instead."""
+    path, reason = resolve(precision) if cpu else ("fp32", "not a CPU device")
+    unsafe = openvino_unsafe(model, max_length) if path.startswith("openvino") else None
+    if unsafe and precision != "auto":
+        raise InvalidError(f"precision {path} cannot run this model: {unsafe}; use fp32, bf16 or auto",
+                           param="precision")
+    if unsafe:
+        log.warning("precision path %s not used: %s; using fp32", path, unsafe)
+        path, reason = "fp32", f"fp32: {path} not used: {unsafe}"
+    try:
+        forward = load_forward(path, model, tokenizer, max_length, calibration, packing=packing)
+    except Exception as exc:
+        if precision != "auto" or path == "fp32":
+            raise
+        log.warning("precision path %s failed to build (%s); using fp32", path, exc)
+        path, reason = "fp32", f"{path} failed to build: {exc}"
+        forward = model
+    return forward, path, reason

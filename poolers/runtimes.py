@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,10 +276,22 @@ def openvino_version() -> str:
     return ov.get_version()
 
 
+#: torch's tracer is not thread-safe: two models converted at once (a server loads its models in
+#: parallel threads) trace each other's modules ("Graphs differed across invocations")
+_CONVERT_LOCK = threading.Lock()
+
+
 def _ov_convert(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int,
                 packed: bool = False) -> None:
     """Convert (and for int8 modes quantize) the model's graph into ``folder``; ``packed``: the
-    graph takes the 4D boolean mask and ``position_ids`` (:func:`graph_inputs`)."""
+    graph takes the 4D boolean mask and ``position_ids`` (:func:`graph_inputs`). One conversion
+    at a time (:data:`_CONVERT_LOCK`)."""
+    with _CONVERT_LOCK:
+        _ov_convert_locked(model, tokenizer, folder, mode, calibration, max_length, packed)
+
+
+def _ov_convert_locked(model, tokenizer, folder: Path, mode: str, calibration: Sequence[str], max_length: int,
+                       packed: bool) -> None:
     import openvino as ov
 
     tt = has_token_types(tokenizer)
@@ -394,9 +407,10 @@ class OpenVINOForward:
 
 def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[str] | None = None,
                   max_length: int = 256, threads: int | None = None,
-                  cache_dir: str | Path | None = None) -> OpenVINOForward:
+                  cache_dir: str | Path | None = None, packing: bool = True) -> OpenVINOForward:
     """OpenVINO path ``mode`` (fp32/bf16 share one converted graph; int8 is NNCF post-training
-    quantization calibrated on ``calibration`` or :data:`CALIBRATION_TEXTS`)."""
+    quantization calibrated on ``calibration`` or :data:`CALIBRATION_TEXTS`). ``packing=False``:
+    no second graph for packed batches, whatever the model."""
     if mode not in OPENVINO_MODES:
         raise InvalidError(f"OpenVINO mode must be one of {', '.join(OPENVINO_MODES)}, got {mode!r}",
                            param="precision")
@@ -415,7 +429,7 @@ def load_openvino(model, tokenizer, mode: str, isa: str, calibration: Sequence[s
                           lambda tmp: _ov_convert(model, tokenizer, tmp, mode, texts, max_length, packed))
 
     # a packable model's packed batches take a second graph with the 4D mask (see the module docstring)
-    return OpenVINOForward(convert(False), mode, threads, packed_xml=convert(True) if packable(model) else None)
+    return OpenVINOForward(convert(False), mode, threads, packed_xml=convert(True) if packing and packable(model) else None)
 
 
 def as_int64(x) -> np.ndarray:

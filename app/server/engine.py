@@ -3,6 +3,12 @@ and the two cores every route calls -- embedding (:meth:`Engine.embed_pooled`,
 :meth:`Engine.embed_many`) and reranking (:meth:`Engine.rank`). Routers translate their request
 shapes into these calls and their answers back; they never call each other.
 
+A model is an embedding model (:class:`poolers.Embedder`, ``Engine.embedder``) or a reranker (a
+cross-encoder, :class:`poolers.CrossEncoderModel`, ``Engine.reranker``), told apart by its files
+when it loads. A reranker answers :meth:`Engine.rank` only (its pairs through the same batcher,
+limits and disconnect handling as texts); asked for embeddings (:meth:`Engine.require`) it is a
+422 naming the model and what it is. An embedding model ranks by MaxSim or cosine of its vectors.
+
 The options of an embedding are one :class:`poolers.EmbedOptions`, built once by the route from
 its request and carried unchanged through the limits (:func:`app.server.limits.check_workload`,
 which measures the request with them) and the batcher to the worker that encodes it; every
@@ -35,7 +41,7 @@ from embedpool.errors import ConflictError, InvalidError, NotFoundError, Unavail
 from embedpool.poolers import EmbedOptions, EmbedResult, Workload
 
 if TYPE_CHECKING:
-    from embedpool.poolers import Embedder
+    from embedpool.poolers import CrossEncoderModel, Embedder
 
 log = logging.getLogger("embedpool.server")
 
@@ -80,16 +86,18 @@ class Ranking:
 
 
 class Engine:
-    """One served model: its embedder, loaded in a background thread, the batcher in front of it
-    (its own queue and limits) and its rerank cache. ``name``: what requests call it by
-    (``model``), ``settings.model`` its path or id."""
+    """One served model: its embedder (or, for a cross-encoder, its reranker), loaded in a
+    background thread, the batcher in front of it (its own queue and limits) and its rerank
+    cache. ``name``: what requests call it by (``model``), ``settings.model`` its path or id."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | None = None,
+    def __init__(self, settings: Settings, metrics: Metrics, embedder: Embedder | CrossEncoderModel | None = None,
                  name: str | None = None) -> None:
         self.name = name or (embedder.model_id if embedder is not None else settings.model or "default")
         self.settings = settings
         self.metrics = metrics
-        self.embedder = embedder
+        self.embedder: Embedder | None = None
+        self.reranker: CrossEncoderModel | None = None
+        self._set_model(embedder)
         self.batcher: Batcher | None = None
         self.error: str | None = None
         self.load_seconds: float | None = None
@@ -106,26 +114,45 @@ class Engine:
             return "ready"
         return "failed" if self.error else "loading"
 
+    @property
+    def model(self) -> Embedder | CrossEncoderModel | None:
+        """The loaded model, an embedder or a reranker (``None`` while it loads)."""
+        return self.embedder if self.embedder is not None else self.reranker
+
+    @property
+    def kind(self) -> str | None:
+        """``embedding`` or ``reranker`` once loaded."""
+        return None if self.model is None else "reranker" if self.reranker is not None else "embedding"
+
+    def _set_model(self, model: Embedder | CrossEncoderModel | None) -> None:
+        if getattr(model, "kind", None) == "reranker":
+            self.reranker = model
+        else:
+            self.embedder = model
+
     def start(self) -> None:
         """Load the model (unless given) in a thread, warm it up, then start the batcher."""
-        if self.embedder is not None:
+        if self.model is not None:
             self._ready()
             return
         self._thread = threading.Thread(target=self._load, name="embedpool-load", daemon=True)
         self._thread.start()
 
     def _load(self) -> None:
-        from embedpool.app.settings import load_embedder
+        from embedpool.app.settings import load_model
 
         t0 = time.perf_counter()
         try:
-            embedder = load_embedder(self.settings)
-            embedder.embed(["warm up"], [self.settings.pooler])  # first call builds kernels
+            model = load_model(self.settings)
+            if getattr(model, "kind", None) == "reranker":
+                model.embed([("warm", "up")])  # first call builds kernels
+            else:
+                model.embed(["warm up"], [self.settings.pooler])
         except BaseException as exc:  # noqa: BLE001 - reported by /health
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", self.name, self.error)
             return
-        self.embedder = embedder
+        self._set_model(model)
         self.load_seconds = time.perf_counter() - t0
         # The model and its libraries are some hundred thousand long-lived objects that every
         # full garbage collection would walk again, on the thread that answers requests: set
@@ -133,41 +160,50 @@ class Engine:
         gc.collect()
         gc.freeze()
         self._ready()
-        log.info("model %s (%s) loaded in %.1fs", self.name, embedder.model_id, self.load_seconds)
+        log.info("%s model %s (%s) loaded in %.1fs", self.kind, self.name, model.model_id, self.load_seconds)
 
     def _ready(self) -> None:
         s = self.settings
         self.loaded_at = int(time.time())
-        self._default_pooler = self.embedder.canonical(s.pooler)
-        self.batcher = Batcher(self.embedder, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
+        self._default_pooler = self.embedder.canonical(s.pooler) if self.embedder is not None else None
+        self.batcher = Batcher(self.model, max_queue=s.max_queue, max_batch_tokens=s.max_batch_tokens,
                                max_wait_ms=s.max_wait_ms, observer=self.metrics.for_model(self.name),
                                before_round=thread_policy(s.single_thread_tokens)).start()
         from embedpool.cpu import cpu_features
 
-        encoder = self.embedder.encoder
+        encoder = self.model.encoder
         self.metrics.on_loaded(encoder.precision, s.precision, cpu_features().isa)
 
     def stop(self) -> None:
         if self.batcher is not None:
             self.batcher.stop()
 
-    def require(self) -> Embedder:
-        """The embedder, or 503 while it loads."""
+    def require_model(self) -> Embedder | CrossEncoderModel:
+        """The model, embedder or reranker, or 503 while it loads."""
         if self.batcher is None:
             if self.error:
                 raise UnavailableError(f"the model {self.name!r} failed to load: {self.error}")
             raise UnavailableError(f"the model {self.name!r} is still loading; retry shortly (GET /health turns 200 "
                                    "when ready)", retry_after=5)
-        return self.embedder
+        return self.model
+
+    def require(self) -> Embedder:
+        """The embedder, or 503 while it loads; 422 for a reranker, which gives no embeddings."""
+        model = self.require_model()
+        if self.reranker is not None:
+            raise InvalidError(f"model {self.name!r} is a reranker (a cross-encoder: it scores query-document pairs) "
+                               "and gives no embeddings; rank with it on POST /rerank, /v1/rerank or /tei/rerank, or "
+                               "name an embedding model in `model`", param="model")
+        return model
 
     def names(self) -> list[str]:
         """What a request may call this model: its name, its id and the id's aliases."""
         from embedpool.poolers.encoder import model_aliases
 
-        if self.embedder is None:
+        if self.model is None:
             return [self.name]
         if self._names is None:  # asked on every request that names no served model (OpenAI clients)
-            model_id = self.embedder.model_id
+            model_id = self.model.model_id
             self._names = list(dict.fromkeys([self.name, model_id, *model_aliases(model_id)]))
         return list(self._names)
 
@@ -280,6 +316,11 @@ class Engine:
         else:
             works = await run_in_threadpool(check_workload, embedder, parts, self.settings, field=field)
         jobs = self.batcher.submit_many([(p.texts, p.specs, p.options, w) for p, w in zip(parts, works)])
+        return await self._wait(request, jobs)
+
+    async def _wait(self, request: Request | None, jobs: list[Job]) -> list[EmbedResult]:
+        """The results of ``jobs``, queued together; if the client disconnects first, their work
+        is dropped (499)."""
         futures = [asyncio.wrap_future(job.future) for job in jobs]
         gathered = futures[0] if len(futures) == 1 else asyncio.gather(*futures)  # one request, one part: no gather
         if request is None:
@@ -314,9 +355,12 @@ class Engine:
         (truncation); the query is embedded in the query role, the texts as documents, both
         normalized at full size. A multi-vector pooler (default ``tokens``) scores each text by
         exact MaxSim (:func:`index.maxsim_scores`), a single-vector one by cosine. ``field``
-        names the texts in errors."""
+        names the texts in errors. A reranker (cross-encoder) scores each (query, text) pair itself
+        (:meth:`_cross_rank`)."""
         check_inputs([query], self.settings, "query")
         check_inputs(texts, self.settings, field)
+        if self.require_model() is self.reranker:
+            return await self._cross_rank(request, query, texts, pooler, options, raw_scores=raw_scores, field=field)
         spec, multi = self.pooler(pooler or RERANK_POOLER)
         base = dataclasses.replace(options, normalize=True, dimensions=None, prompt_name=None)
         q_opts = dataclasses.replace(base, role="query")
@@ -334,6 +378,30 @@ class Engine:
         vectors = [v if v is not None else fresh[t] for t, v in zip(texts, docs)]
         scores = await run_in_threadpool(_scores, q_out.vectors[spec][0], vectors, multi, raw_scores)
         return Ranking(scores, np.argsort(-scores, kind="stable"), q_out.usage + d_out.usage)
+
+    async def _cross_rank(self, request: Request | None, query: str, texts: list[str], pooler: str | None,
+                          options: EmbedOptions, *, raw_scores: bool, field: str) -> Ranking:
+        """A reranker's scores: each (query, text) pair through the cross-encoder, its activation
+        applied unless ``raw_scores``. The pairs are measured first (the work limits; an input
+        over the model's window with ``truncate: false`` is a 422 naming it), then queued as one
+        request: the batcher cuts them into token-budget rounds shared with other requests."""
+        from embedpool.poolers.crossencoder import SCORE
+
+        if pooler is not None:
+            raise InvalidError(f"pooler: model {self.name!r} is a reranker (a cross-encoder), which scores each "
+                               "query-text pair itself; send no pooler", param="pooler")
+        assert self.batcher is not None
+        pairs = [(query, t) for t in texts]
+        parts = [EmbedPart(pairs, [SCORE], options)]  # type: ignore[arg-type]  # pairs are the reranker's inputs
+        if len(query) * len(texts) + sum(len(t) for t in texts) <= INLINE_CHECK_CHARS:
+            works = check_workload(self.reranker, parts, self.settings, field=field)
+        else:
+            works = await run_in_threadpool(check_workload, self.reranker, parts, self.settings, field=field)
+        jobs = self.batcher.submit_many([(pairs, [SCORE], options, works[0])])
+        (result,) = await self._wait(request, jobs)
+        rows = np.stack(result.vectors[SCORE]) if texts else np.zeros((0, 2), np.float32)
+        scores = np.ascontiguousarray(rows[:, 1 if raw_scores else 0], dtype=np.float32)
+        return Ranking(scores, np.argsort(-scores, kind="stable"), result.usage)
 
 
 class Engines:
@@ -391,10 +459,10 @@ class Engines:
         if not model_id:
             return self.default
         for e in self:
-            e.require()
-            if e.embedder.model_id == model_id:
+            e.require_model()
+            if e.embedder is not None and e.embedder.model_id == model_id:
                 return e
-        served = ", ".join(repr(e.embedder.model_id) for e in self)
+        served = ", ".join(repr(e.embedder.model_id) for e in self if e.embedder is not None)
         raise ConflictError(f"collection {collection!r} holds vectors of model {model_id!r}, but this server runs "
                             f"{served}; serve that model too (--model NAME={model_id}) or use another collection",
                             param="model")

@@ -203,8 +203,9 @@ class RerankRequest(Strict):
     pooler: PoolerSpec | None = Field(
         None, description="default `tokens`: a multi-vector pooler scores by MaxSim (late interaction, as ColBERT), "
                           "a single-vector one by cosine")
-    raw_scores: StrictBool = Field(False, description="MaxSim: the raw sum over query vectors instead of its "
-                                                      "mean (cosine poolers: no difference)")
+    raw_scores: StrictBool = Field(False, description="a reranker (cross-encoder): its logit before the model's "
+                                                      "activation; MaxSim: the raw sum over query vectors instead of "
+                                                      "its mean (cosine poolers: no difference)")
     return_text: StrictBool = Field(False, description="include each text in the answer")
     truncate: StrictBool = Field(False, description="TEI's default: an input over the model's window is a 422; "
                                                     "true: cut it")
@@ -213,7 +214,8 @@ class RerankRequest(Strict):
 
 class Rank(BaseModel):
     index: int = Field(..., description="position of the text in the request's `texts`")
-    score: float = Field(..., description="MaxSim (mean over query vectors unless `raw_scores`) or cosine")
+    score: float = Field(..., description="a reranker's score (its activation of the logit unless `raw_scores`), "
+                                          "else MaxSim (mean over query vectors unless `raw_scores`) or cosine")
     text: str | None = Field(None, description="with `return_text`")
 
 
@@ -340,8 +342,14 @@ class TEIEmbeddingModel(BaseModel):
     pooling: str
 
 
+class TEIClassifierModel(BaseModel):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
 class TEIModelType(BaseModel):
-    embedding: TEIEmbeddingModel
+    embedding: TEIEmbeddingModel | None = None
+    reranker: TEIClassifierModel | None = Field(None, description="a cross-encoder (TEI's reranker model type)")
 
 
 class TEIInfo(BaseModel):
@@ -384,6 +392,8 @@ class CohereRerankRequest(BaseModel):
     top_n: StrictInt | None = Field(None, ge=1, description="answer the best N (default: all)")
     return_documents: StrictBool | None = Field(False, description="include each document as `{\"text\": ...}`")
     pooler: PoolerSpec | None = Field(None, description="extension, as on POST /rerank (default `tokens`: MaxSim)")
+    raw_scores: StrictBool = Field(False, description="Infinity's: a reranker's logit before its activation "
+                                                      "(as on POST /rerank)")
 
     @property
     def texts(self) -> list[str]:
@@ -392,7 +402,8 @@ class CohereRerankRequest(BaseModel):
 
 class CohereRerankResult(BaseModel):
     index: int = Field(..., description="position of the document in the request")
-    relevance_score: float = Field(..., description="MaxSim (mean over query vectors) or cosine, as POST /rerank")
+    relevance_score: float = Field(..., description="a reranker's score, or MaxSim (mean over query vectors) or "
+                                                    "cosine, as POST /rerank")
     document: RerankDocument | None = Field(None, description="with `return_documents`")
 
 
@@ -610,12 +621,16 @@ class PoolerInfo(BaseModel):
 class ModelInfo(BaseModel):
     name: str = Field(..., description="what requests call it (`model`)")
     status: str
+    kind: Literal["embedding", "reranker"] | None = Field(
+        None, description="`embedding`, or `reranker` for a cross-encoder (it answers the rerank routes only); "
+                          "null while it loads")
     model: str | None = Field(None, description="its id (a Hugging Face id or folder)")
-    dim: int | None = None
-    max_length: int | None = None
+    dim: int | None = Field(None, description="its vectors' size (null for a reranker)")
+    max_length: int | None = Field(None, description="its window (a reranker's: query and document together)")
     precision: str
     precision_reason: str | None = None
-    default_pooler: str
+    default_pooler: str | None = Field(None, description="null for a reranker")
+    num_labels: int | None = Field(None, description="a reranker's head: 1 (one logit) or 2 (two logits)")
     error: str | None = None
 
 
@@ -629,7 +644,7 @@ class Info(BaseModel):
     precision_requested: str | None = None
     precision_reason: str | None = Field(None, description="why this path was chosen on this CPU")
     cpu: str | None = Field(None, description="CPU features that decided it")
-    default_pooler: str
+    default_pooler: str | None
     models: list[ModelInfo] = Field(default_factory=list, description="every served model, the default first")
     poolers: list[PoolerInfo]
     collections: list[str]

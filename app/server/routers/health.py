@@ -29,7 +29,7 @@ async def health(engines: Engines = Depends(get_engines)) -> Response:
     s = engine.settings
     storage = await run_in_threadpool(index.storage_status, s.data_dir, **s.store())
     errors = "; ".join(f"{e.name}: {e.error}" for e in engines if e.error) or None
-    body = Health(status=engines.status, model=engine.embedder.model_id if engine.embedder else engine.settings.model,
+    body = Health(status=engines.status, model=engine.model.model_id if engine.model else engine.settings.model,
                   error=errors if len(engines) > 1 else engine.error, storage=storage,
                   models={e.name: e.status for e in engines} if len(engines) > 1 else None)
     return JSON(body.model_dump(exclude_none=True), status_code=200 if engines.status == "ready" else 503)
@@ -67,7 +67,7 @@ def info(engines: Engines = Depends(get_engines), collections: Collections = Dep
         precision_requested=s.precision,
         precision_reason=top.precision_reason,
         cpu=_cpu(),
-        default_pooler=engine.default_pooler,
+        default_pooler=top.default_pooler,
         models=models,
         poolers=poolers,
         collections=collections.names(),
@@ -79,13 +79,17 @@ def info(engines: Engines = Depends(get_engines), collections: Collections = Dep
 
 
 def _model_info(engine: Engine) -> ModelInfo:
-    emb = engine.embedder if engine.status == "ready" else None
+    """One served model; a reranker (``kind``) has no vectors (``dim`` null) and no pooler."""
+    model = engine.model if engine.status == "ready" else None
     s = engine.settings
-    return ModelInfo(name=engine.name, status=engine.status, model=emb.model_id if emb else s.model,
-                     dim=emb.dim if emb else None, max_length=emb.encoder.max_length if emb else None,
-                     precision=emb.encoder.precision if emb else s.precision,
-                     precision_reason=emb.encoder.precision_reason if emb else None,
-                     default_pooler=engine.default_pooler, error=engine.error)
+    reranker = engine.kind == "reranker"
+    return ModelInfo(name=engine.name, status=engine.status, kind=engine.kind, model=model.model_id if model else s.model,
+                     dim=engine.embedder.dim if model and not reranker else None,
+                     max_length=model.encoder.max_length if model else None,
+                     precision=model.encoder.precision if model else s.precision,
+                     precision_reason=model.encoder.precision_reason if model else None,
+                     default_pooler=None if reranker else engine.default_pooler,
+                     num_labels=model.num_labels if reranker else None, error=engine.error)
 
 
 def _cpu() -> str:

@@ -58,7 +58,7 @@ def _models(engines: Engines) -> list[dict]:
     served under (``--model NAME=...``), each an entry whose ``root`` is the model's id."""
     cards: dict[str, dict] = {}
     for engine in engines:
-        model_id = engine.require().model_id
+        model_id = engine.require_model().model_id
         for name in [model_id, *engine.names()]:
             cards.setdefault(name, {"id": name, "object": "model", "created": engine.loaded_at or 0,
                                     "owned_by": "embedpool", "root": model_id})

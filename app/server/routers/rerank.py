@@ -1,5 +1,6 @@
-"""``POST /rerank``: TEI's rerank, scored by late interaction (MaxSim) or cosine; ``POST /v1/rerank``
-(and ``/v2/rerank``): the same scores in Cohere's shape (Jina's and Infinity's too).
+"""``POST /rerank``: TEI's rerank, scored by a reranker model (a cross-encoder) or, with an
+embedding model, by late interaction (MaxSim) or cosine; ``POST /v1/rerank`` (and ``/v2/rerank``):
+the same scores in Cohere's shape (Jina's and Infinity's too).
 
 Both translate their request into :meth:`app.server.engine.Engine.rank` (the query in the query
 role and the texts as documents, one batcher round, the rerank cache) and its
@@ -34,10 +35,13 @@ ERRORS = {
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS)
 async def rerank(body: RerankRequest, request: Request, engines: Engines = Depends(get_engines)) -> JSON:
     """Rank `texts` by relevance to `query`: a list of `{index, score[, text]}`, best first
-    (`index`: the text's position in the request). `pooler` (default `tokens`): a multi-vector
-    pooler scores by MaxSim -- the mean over the query's vectors of their best cosine in the
-    text, or their sum with `raw_scores` -- a single-vector pooler by cosine. As TEI,
-    `truncate` defaults to false: an input over the model's window is refused, not cut."""
+    (`index`: the text's position in the request). A reranker model (a cross-encoder) scores each
+    query-text pair: its activation of the logit (as sentence-transformers' `CrossEncoder.predict`),
+    the logit itself with `raw_scores`. An embedding model scores with `pooler` (default `tokens`):
+    a multi-vector pooler by MaxSim -- the mean over the query's vectors of their best cosine in
+    the text, or their sum with `raw_scores` -- a single-vector pooler by cosine. As TEI,
+    `truncate` defaults to false: an input (a reranker's: query and text together) over the
+    model's window is refused, not cut."""
     options = EmbedOptions(truncate=body.truncate, truncation_direction=body.truncation_direction)
     ranking = await engines.pick(body.model).rank(request, body.query, body.texts, body.pooler, options,
                                                   raw_scores=body.raw_scores)
@@ -52,16 +56,17 @@ async def cohere_rerank(body: CohereRerankRequest, request: Request,
     """Cohere's rerank (v1 and v2; also Jina's and Infinity's shape): `{results: [{index,
     relevance_score[, document]}], model, usage}`, best first, the best `top_n`. Scored as
     POST /rerank (`pooler`, default `tokens`: MaxSim); documents longer than the model's
-    window are cut, as Cohere does. `model` picks a served model (a server of one answers any name).
-    Errors in OpenAI's shape."""
+    window are cut, as Cohere does. A reranker model scores each query-document pair (as POST
+    /rerank; `raw_scores`, Infinity's: its logit). `model` picks a served model (a server of one
+    answers any name). Errors in OpenAI's shape."""
     texts = body.texts
     engine = engines.pick(body.model, lenient=True)
     ranking = await engine.rank(request, body.query, texts, body.pooler, EmbedOptions(truncate=True),
-                                raw_scores=False, field="documents")
+                                raw_scores=body.raw_scores, field="documents")
     order = ranking.order[:body.top_n] if body.top_n else ranking.order
     return JSON({
         "id": uuid.uuid4().hex,
-        "model": engine.embedder.model_id,
+        "model": engine.require_model().model_id,
         "results": [{"index": int(i), "relevance_score": float(ranking.scores[i]),
                      **({"document": {"text": texts[i]}} if body.return_documents else {})} for i in order],
         "usage": {"prompt_tokens": ranking.tokens, "total_tokens": ranking.tokens},

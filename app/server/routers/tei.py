@@ -149,8 +149,9 @@ async def embed_sparse(body: TEIEmbedSparseRequest, request: Request, engine: En
 
 @router.post("/rerank", response_model=list[Rank], responses=EMBED_ERRORS, dependencies=protected)
 async def rerank_texts(body: TEIRerankRequest, request: Request, engine: Engine = Depends(get_engine)) -> JSON:
-    """TEI's `/rerank`, scored as `POST /rerank` (MaxSim with the default `tokens` pooler; extension:
-    `pooler`). As TEI's current default, an unset `truncate` cuts inputs at the model's window."""
+    """TEI's `/rerank`, scored as `POST /rerank` (a reranker model: its score of each query-text
+    pair; an embedding model: MaxSim with the default `tokens` pooler; extension: `pooler`). As
+    TEI's current default, an unset `truncate` cuts inputs at the model's window."""
     texts = _texts(body.texts, "texts")
     options = EmbedOptions(truncate=_truncate(body.truncate), truncation_direction=body.truncation_direction)
     ranking = await engine.rank(request, body.query, texts, body.pooler, options, raw_scores=body.raw_scores)
@@ -169,14 +170,21 @@ async def tokenize_texts(body: TEITokenizeRequest, engine: Engine = Depends(get_
 
 @router.get("/info", response_model=TEIInfo, responses=_errors(503), dependencies=protected)
 async def info(engine: Engine = Depends(get_engine)) -> JSON:
-    """TEI's `Info` for the served model (pooling: the server's default pooler)."""
-    emb = engine.require()
+    """TEI's `Info` for the served model (pooling: the server's default pooler; a cross-encoder:
+    TEI's `reranker` model type with its labels)."""
+    emb = engine.require_model()
     s = engine.settings
     precision = emb.encoder.precision
     dtype = "bfloat16" if "bf16" in precision else "int8" if "int8" in precision else "float32"
+    if engine.reranker is not None:
+        config = engine.reranker.model.config
+        model_type = {"reranker": {"id2label": {str(k): v for k, v in config.id2label.items()},
+                                   "label2id": dict(config.label2id)}}
+    else:
+        model_type = {"embedding": {"pooling": engine.default_pooler}}
     return JSON({
         "model_id": emb.model_id, "model_sha": None, "model_dtype": dtype, "served_model_name": engine.name,
-        "model_type": {"embedding": {"pooling": engine.default_pooler}},
+        "model_type": model_type,
         "max_concurrent_requests": s.max_queue, "max_input_length": emb.encoder.max_length,
         "max_batch_tokens": s.max_batch_tokens, "max_batch_requests": None,
         "max_client_batch_size": s.max_client_batch, "auto_truncate": AUTO_TRUNCATE, "tokenization_workers": 1,
