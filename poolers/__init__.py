@@ -1,8 +1,8 @@
 """The model side of embedpool: the frozen encoder, tokenization plans and token poolers."""
 
 from embedpool.poolers import (  # noqa: F401  (register)
-    attention, attnstats, cls, cluster, fde, glot, landmark, layermean, max, maxpoolbert, mean, multilayer,
-    pooling, reinpool, splade, tokens,
+    attention, attnstats, cls, cluster, fde, gem, generalized, glot, landmark, layermean, max, maxpoolbert, mean,
+    multilayer, pooling, reinpool, simpool, softpool, splade, tokens,
 )
 from embedpool.poolers.base import Pooler, REGISTRY, build_pooler, parse_spec
 from embedpool.poolers.crossencoder import CrossEncoderModel, is_cross_encoder

@@ -50,6 +50,8 @@ from embedpool.errors import InvalidError
 from embedpool.poolers.attention import AttentionHead, HeadModule, RoleHeads
 from embedpool.poolers.attnstats import AttnStatsHead, AttnStatsRoleHeads
 from embedpool.poolers.encoder import FrozenEncoder
+from embedpool.poolers.gem import GeMHead, GeMRoleHeads, GGeMHead, GGeMRoleHeads
+from embedpool.poolers.generalized import GatedHead, GatedRoleHeads, MixedHead, MixedRoleHeads
 from embedpool.poolers.glot import GlotHead, GlotRoleHeads
 from embedpool.poolers.multilayer import MultiLayerHead, MultiLayerRoleHeads
 from embedpool.poolers.reinpool import ReinPoolHead, reinforce_loss
@@ -250,8 +252,12 @@ HEAD_CLASSES: dict[str, tuple[type, type | None]] = {
     "glot": (GlotHead, GlotRoleHeads),
     "attnstats": (AttnStatsHead, AttnStatsRoleHeads),
     "reinpool": (ReinPoolHead, None),  # one policy, for documents: a query is the mean of its vectors
+    "mixed": (MixedHead, MixedRoleHeads),
+    "gated": (GatedHead, GatedRoleHeads),
+    "gem": (GeMHead, GeMRoleHeads),
+    "ggem": (GGeMHead, GGeMRoleHeads),  # --heads G: G groups of channels
 }
-POOLERS = ("attention", "multilayer", "glot", "attnstats", "reinpool")
+POOLERS = ("attention", "multilayer", "glot", "attnstats", "reinpool", "mixed", "gated", "gem", "ggem")
 
 
 # Optimizer settings that work per objective, what `train-pooler` uses unless told otherwise

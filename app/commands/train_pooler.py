@@ -41,13 +41,16 @@ def _register(sub, name: str) -> None:
     p.add_argument("--self-supervised", choices=["ict"], help="objective for --corpus (inverse cloze task)")
     p.add_argument("--max-docs", type=int, default=None, help="with --corpus: use at most this many documents")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--pooler", choices=["attention", "multilayer", "glot", "attnstats", "reinpool"],
+    p.add_argument("--pooler", choices=["attention", "multilayer", "glot", "attnstats", "reinpool", "mixed", "gated",
+                                        "gem", "ggem"],
                    default="attention",
                    help="attention: learned queries over the last layer's tokens; multilayer: over every "
                         "hidden layer's tokens, with learned layer weights; glot: token-similarity graph, GAT, "
                         "attentive readout; attnstats: attentive statistics (weighted mean and std); reinpool: "
-                        "a policy that keeps some token vectors, trained by REINFORCE on nDCG@10 (all start as "
-                        "mean pooling; reinpool as the mean of the token vectors)")
+                        "a policy that keeps some token vectors, trained by REINFORCE on nDCG@10; mixed: a learned "
+                        "a * max + (1 - a) * mean; gated: the same with a computed per text; gem: generalized mean "
+                        "with a learned exponent p; ggem: one p per group of channels (--heads G groups, default "
+                        "16) (all start as mean pooling; reinpool as the mean of the token vectors)")
     p.add_argument("--samples", type=int, default=8,
                    help="reinpool: selections sampled per document for REINFORCE (default 8)")
     p.add_argument("--layer-lr", type=float, default=1.0, metavar="X",

@@ -35,6 +35,12 @@ NON_DEFAULT = {
     "attnstats": {},
     "reinpool": {},
     "splade": {"top_k": 7, "threshold": 0.5},
+    "mixed": {"a": 0.25},  # trained heads of these four: tests/poolers/test_pooling_operators.py
+    "gated": {},
+    "gem": {"p": 3.0},
+    "ggem": {},
+    "softpool": {},
+    "simpool": {},
 }
 
 
@@ -165,7 +171,8 @@ def test_capabilities_are_declared_and_match_behaviour(encoder):
     cases = [("mean", {}), ("cls", {}), ("max", {}), ("landmark", {}), ("tokens", {}),
              ("cluster", {}), ("cluster", {"pool_queries": True}), ("attention", {}), ("attention", {"queries": 2}),
              ("fde", {}), ("layermean", {}), ("maxpoolbert", {}), ("multilayer", {}), ("multilayer", {"queries": 2}),
-             ("glot", {}), ("attnstats", {}), ("reinpool", {}), ("pooling", {"mode": "mean+lasttoken"})]
+             ("glot", {}), ("attnstats", {}), ("reinpool", {}), ("pooling", {"mode": "mean+lasttoken"}),
+             ("mixed", {"a": 0.5}), ("gated", {}), ("gem", {"p": 3.0}), ("ggem", {}), ("softpool", {}), ("simpool", {})]
     assert {n for n, _ in cases} == set(REGISTRY) - {"splade"}  # splade refuses this model: test_splade.py
     for name, opts in cases:
         p = REGISTRY[name](**opts)
