@@ -555,9 +555,16 @@ class SearchRequest(Strict):
     candidates: StrictInt = Field(100, ge=1, le=10000, description="two_stage: candidates from the companion")
     k_token: StrictInt = Field(32, ge=1, le=1024, description="tokens: neighbours per query token")
     include_text: StrictBool = True
+    rerank_model: StrictStr | None = Field(None, max_length=512, description=(
+        "a served reranker (a cross-encoder, `kind: reranker` in GET /info): the best `rerank_candidates` of the "
+        "search (any mode) are scored by it with the query, and the best `k` of them answered with its scores"))
+    rerank_candidates: StrictInt | None = Field(None, ge=1, le=1000, description=(
+        "with `rerank_model`: how many of the search's best documents it scores (default 100, at least `k`)"))
 
     @model_validator(mode="after")
     def _one_query_field(self) -> "SearchRequest":
+        if self.rerank_candidates is not None and self.rerank_model is None:
+            raise ValueError("rerank_candidates: takes rerank_model (the reranker that scores the candidates)")
         return exactly_one(self, "query", "a string", "queries", "a list of strings")
 
 

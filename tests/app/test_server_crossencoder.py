@@ -268,3 +268,37 @@ def test_auto_precision_path_within_1e3(folders, tmp_path_factory):
     finally:
         c.close()
         server.__exit__(None, None, None)
+
+
+def test_collection_search_rerank_stage(client, folders):
+    """`rerank_model` on a collection's search: the best `rerank_candidates` of the search (any mode,
+    hybrid included) scored by the reranker, the best `k` answered in its order with its scores,
+    which equal CrossEncoder.predict of the query and each candidate's text."""
+    texts = DOCS + ["Blood pressure drugs cut strokes by a third.", "Headaches were more common with placebo.",
+                    "A recipe for sourdough bread.", "The stock market closed higher on Friday."]
+    assert client.post("/collections", json={"name": "docs", "model": "emb", "pooler": "mean"}).status_code in (200, 201)
+    r = client.post("/collections/docs/documents",
+                    json={"documents": [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]})
+    assert r.status_code in (200, 201), r.text
+    queries = [QUERY, "headaches and placebo"]
+    for mode in ("exhaustive", "bm25", "hybrid"):
+        plain = client.post("/collections/docs/search", json={"queries": queries, "mode": mode, "k": 6}).json()
+        r = client.post("/collections/docs/search", json={"queries": queries, "mode": mode, "k": 3,
+                                                          "rerank_model": "ce", "rerank_candidates": 6})
+        assert r.status_code == 200, r.text
+        for query, candidates, got in zip(queries, plain["results"], r.json()["results"]):
+            want = reference(folders["ce"], query, [h["text"] for h in candidates])
+            order = np.argsort(-want, kind="stable")[:3]
+            assert [h["id"] for h in got] == [candidates[i]["id"] for i in order], mode
+            assert np.abs(np.asarray([h["score"] for h in got]) - want[order]).max() <= 1e-5
+            assert all(h["text"] == texts[int(h["id"][1:])] for h in got)
+        assert r.json()["usage"]["tokens"] > plain["usage"]["tokens"]
+    one = client.post("/collections/docs/search", json={"query": QUERY, "k": 2, "rerank_model": "pair",
+                                                        "include_text": False}).json()
+    assert len(one["hits"]) == 2 and "text" not in one["hits"][0]
+    # errors: an embedding model as the reranker, candidates without a reranker, an unknown model
+    r = client.post("/collections/docs/search", json={"query": QUERY, "rerank_model": "emb"})
+    assert r.status_code == 422 and "rerank_model" in r.text and "embedding model" in r.text, r.text
+    r = client.post("/collections/docs/search", json={"query": QUERY, "rerank_candidates": 5})
+    assert r.status_code == 422 and "rerank_model" in r.text, r.text
+    assert client.post("/collections/docs/search", json={"query": QUERY, "rerank_model": "nope"}).status_code == 404

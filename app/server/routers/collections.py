@@ -8,6 +8,7 @@ Blocking index calls run in the thread pool, so the event loop stays free.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from functools import partial
 from typing import Any
@@ -39,6 +40,7 @@ from embedpool.app.server.schemas import (
 from embedpool.app.server.engine import Engine, Engines
 from embedpool.app.server.state import Collections
 from embedpool.errors import ConflictError, InvalidError
+from embedpool.poolers import EmbedOptions
 
 log = logging.getLogger("embedpool.server")
 
@@ -243,18 +245,53 @@ def delete_document(name: str = NAME, doc_id: str = Path(..., description="docum
 
 
 # ---------------------------------------------------------------------- search
+#: the candidates a search's rerank stage scores unless `rerank_candidates` says otherwise
+RERANK_CANDIDATES = 100
+
+
+def _reranker(engines: Engines, name: str | None) -> Engine | None:
+    """The engine of a search's `rerank_model` (``None``: no rerank stage); 422 unless a reranker."""
+    if name is None:
+        return None
+    engine = engines.pick(name)
+    engine.require_model()
+    if engine.kind != "reranker":
+        raise InvalidError(f"rerank_model: {name!r} is an embedding model; name a reranker (a cross-encoder: "
+                           "`kind: reranker` in GET /info)", param="rerank_model")
+    return engine
+
+
+async def _rerank(request: Request, reranker: Engine, queries: list[str], hits: list[list[dict]],
+                  k: int) -> tuple[list[list[dict]], int]:
+    """Each query's hits scored by the reranker (:meth:`Engine.rank`, the documents cut at the
+    window), the best ``k`` in its order with its scores; and the tokens it ran."""
+    cap = reranker.settings.max_input_chars  # a stored text may be longer than a request's; the window is far shorter
+    rankings = await asyncio.gather(*(
+        reranker.rank(request, query, [(h["text"] or "")[:cap] for h in r], None, EmbedOptions(truncate=True),
+                      raw_scores=False, field="rerank_candidates") for query, r in zip(queries, hits) if r))
+    out, done = [], iter(rankings)
+    for r in hits:
+        if not r:
+            out.append(r)
+            continue
+        ranking = next(done)
+        out.append([{**r[i], "score": float(ranking.scores[i])} for i in ranking.order[:k]])
+    return out, sum(r.tokens for r in rankings)
 @router.post("/{name}/search", response_model=SearchResponse,
              responses={200: {"links": HIT_LINKS}, **E404, **E409, **E422})
 async def search(request: Request, body: SearchRequest, name: str = NAME, engines: Engines = Depends(get_engines),
                  collections: Collections = Depends(get_collections)) -> Any:
     """Top-`k` documents for `query` (answer: `hits`) or each of `queries` (answer: `results`),
     among those that match `filter`. Scores: inner product (cosine when normalized), squared L2 for
-    `l2`, MaxSim for multi-vector, BM25 for `bm25`, the fused score for `hybrid`."""
+    `l2`, MaxSim for multi-vector, BM25 for `bm25`, the fused score for `hybrid`; with
+    `rerank_model`, the reranker's score of the best `rerank_candidates` (default 100) of any mode."""
     texts = [body.query] if body.query is not None else list(body.queries or [])
     field = "queries" if body.queries is not None else "query"
     check_inputs(texts, engines.default.settings, field)
+    reranker = _reranker(engines, body.rerank_model)
     coll, engine = await _open(collections, engines, name, body.model)
-    search = retrieval.Search(coll, engine.embedder.natural_dim, k=body.k, mode=body.mode, candidates=body.candidates,
+    k = max(body.k, body.rerank_candidates or RERANK_CANDIDATES) if reranker is not None else body.k
+    search = retrieval.Search(coll, engine.embedder.natural_dim, k=k, mode=body.mode, candidates=body.candidates,
                               k_token=body.k_token, filter=body.filter, vector_mode=body.vector_mode,
                               fusion=body.fusion, weight=body.weight)
     for e in search.embeddings():
@@ -262,8 +299,12 @@ async def search(request: Request, body: SearchRequest, name: str = NAME, engine
     vectors, tokens = await retrieval.aembed_texts(partial(engine.embed, request, field=field), texts,
                                                      search.embeddings())
     results = await run_in_threadpool(partial(search.run, vectors, texts=texts))
-    hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata,
-              **({"text": h.text} if body.include_text else {})} for h in r] for r in results]
+    hits = [[{"id": h.id, "score": h.score, "metadata": h.metadata, "text": h.text} for h in r] for r in results]
+    if reranker is not None:
+        hits, rerank_tokens = await _rerank(request, reranker, texts, hits, body.k)
+        tokens += rerank_tokens
+    if not body.include_text:
+        hits = [[{key: v for key, v in h.items() if key != "text"} for h in r] for r in hits]
     usage = {"tokens": tokens}
     if body.query is not None:
         return JSON({"hits": hits[0], "usage": usage})
