@@ -151,6 +151,7 @@ class CrossEncoderModel:
                              and "token_type_ids" in inspect.signature(self.model.forward).parameters)
         self.stats = EncoderStats()
         self._tokenizer_lock = threading.Lock()  # truncation_side is state of the tokenizer
+        self._forward_lock = threading.Lock()  # the head reads the states given to it (_GivenStates)
         prefix = self.model.base_model_prefix
         self._base = getattr(self.model, prefix)
         self._given = _GivenStates(self._base)
@@ -287,13 +288,13 @@ class CrossEncoderModel:
             mask[i, :len(r.ids)] = 1
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.precision == "bf16" else nullcontext()
         token_types = types if self._token_types else None
-        with torch.inference_mode(), autocast:
+        with self._forward_lock, torch.inference_mode(), autocast:
             states = self._forward(input_ids=ids, attention_mask=mask, token_type_ids=token_types,
                                    output_hidden_states=False).last_hidden_state
             self._given.states = states.float()
             extra = {"token_type_ids": token_types} if self._token_types else {}
             logits = self._head(input_ids=ids, attention_mask=mask, **extra).logits.float()
-        self._given.states = None
+            self._given.states = None
         if self.num_labels == 1:
             scores, raw = self.activation(logits)[:, 0], logits[:, 0]
         else:

@@ -1,7 +1,7 @@
 """Cross-encoder rerankers (issue 53, parts 1 and 3) through a real uvicorn server: tiny random-weight
 sequence-classification models built here -- a sentence-transformers ``CrossEncoder`` save
-(BERT, one logit), a bare transformers checkpoint (BERT, two logits) and a bare XLM-R one (one
-logit) -- served beside an embedding model from ``--model NAME=PATH`` entries. Their scores on
+(BERT, one logit), bare transformers checkpoints (BERT with two logits; XLM-R and ModernBERT, mean
+pooling head, with one) -- served beside an embedding model from ``--model NAME=PATH`` entries. Their scores on
 ``/rerank``, ``/tei/rerank`` and ``/v1/rerank`` (Cohere's SDK) equal sentence-transformers'
 ``CrossEncoder.predict`` on the same folder (fp32 abs ≤ 1e-5, the same order; the ``auto``
 precision path ≤ 1e-3), and the bad inputs are clear 4xx answers."""
@@ -43,9 +43,15 @@ def _classifier(arch: str, labels: int, seed: int):
     torch.manual_seed(seed)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                   num_labels=labels, initializer_range=0.1)  # wider than the default: scores spread out
-    if arch == "bert":
+    if arch in ("bert", "modernbert"):
         tok = minilm_tokenizer()
-        cfg = tf.BertConfig(**common, max_position_embeddings=128, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+        ids = dict(max_position_embeddings=128, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+        if arch == "bert":
+            cfg = tf.BertConfig(**common, **ids)
+        else:  # its head pools the mean of the token states (its own, not the [CLS] one)
+            cfg = tf.ModernBertConfig(**common, **ids, cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id,
+                                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                                      global_attn_every_n_layers=2, local_attention=16, classifier_pooling="mean")
     else:
         tok = bpe_tokenizer("roberta")
         cfg = tf.XLMRobertaConfig(**common, max_position_embeddings=WINDOW + 2 + tok.pad_token_id, vocab_size=len(tok),
@@ -57,13 +63,14 @@ def _classifier(arch: str, labels: int, seed: int):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """name -> folder: ``ce`` saved by ``CrossEncoder.save``, ``pair`` and ``xlmr`` bare checkpoints,
-    ``emb`` a tiny embedding model."""
+    """name -> folder: ``ce`` saved by ``CrossEncoder.save``, ``pair``, ``xlmr`` and ``mbert`` bare
+    checkpoints, ``emb`` a tiny embedding model."""
     from sentence_transformers import CrossEncoder
 
     root = tmp_path_factory.mktemp("rerankers")
     out = {}
-    for name, arch, labels, seed in [("ce", "bert", 1, 0), ("pair", "bert", 2, 1), ("xlmr", "xlmr", 1, 2)]:
+    for name, arch, labels, seed in [("ce", "bert", 1, 0), ("pair", "bert", 2, 1), ("xlmr", "xlmr", 1, 2),
+                                     ("mbert", "modernbert", 1, 3)]:
         model, tok = _classifier(arch, labels, seed)
         hf = root / f"hf-{name}"
         model.save_pretrained(hf)
@@ -107,7 +114,7 @@ def serve(settings: Settings):
 
 @pytest.fixture(scope="module")
 def client(folders, tmp_path_factory):
-    entries = ",".join(f"{n}={folders[n]}" for n in ("ce", "pair", "xlmr", "emb"))
+    entries = ",".join(f"{n}={folders[n]}" for n in ("ce", "pair", "xlmr", "mbert", "emb"))
     server, c = serve(Settings(model=entries, precision="fp32", max_request_tokens=MAX_REQUEST_TOKENS,
                                data_dir=str(tmp_path_factory.mktemp("data"))))
     try:
@@ -123,7 +130,7 @@ def scores_by_index(ranks, key="score") -> np.ndarray:
     return np.asarray([got[i] for i in range(len(got))], dtype=np.float64)
 
 
-@pytest.mark.parametrize("name", ["ce", "pair", "xlmr"])
+@pytest.mark.parametrize("name", ["ce", "pair", "xlmr", "mbert"])
 def test_rerank_scores_equal_crossencoder_predict(client, folders, name):
     want = reference(folders[name], QUERY, DOCS)
     assert np.ptp(want) > 1e-3  # the scores are not all alike: the order means something
@@ -233,7 +240,8 @@ def test_info_says_which_models_are_rerankers(client, folders):
     info = client.get("/info").json()
     kinds = {m["name"]: (m["kind"], m["dim"], m["num_labels"], m["max_length"]) for m in info["models"]}
     assert kinds == {"ce": ("reranker", None, 1, WINDOW), "pair": ("reranker", None, 2, WINDOW),
-                     "xlmr": ("reranker", None, 1, WINDOW), "emb": ("embedding", 16, None, WINDOW)}
+                     "xlmr": ("reranker", None, 1, WINDOW), "mbert": ("reranker", None, 1, WINDOW),
+                     "emb": ("embedding", 16, None, WINDOW)}
     assert info["dim"] is None and info["default_pooler"] is None  # the default model is a reranker
     served = {m["id"] for m in client.get("/v1/models").json()["data"]}
     assert {"ce", "pair", "xlmr", "emb", str(folders["ce"])} <= served
