@@ -310,3 +310,28 @@ def test_collection_search_rerank_stage(client, folders):
     r = client.post("/collections/docs/search", json={"query": QUERY, "rerank_candidates": 5})
     assert r.status_code == 422 and "rerank_model" in r.text, r.text
     assert client.post("/collections/docs/search", json={"query": QUERY, "rerank_model": "nope"}).status_code == 404
+
+
+#: the paths `auto` chooses from on some CPU (poolers/precision.py's decisions), and bf16 autocast
+AUTO_CANDIDATES = ["openvino-bf16", "openvino-fp32", "bf16-weights", "bf16"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", AUTO_CANDIDATES)
+def test_every_auto_candidate_path_within_1e3(folders, path, tmp_path, monkeypatch):
+    """Each path ``auto`` may choose on some CPU, asked for by name, on every reranker built here:
+    scores within 1e-3 of ``CrossEncoder.predict`` fp32 (ModernBERT cannot run on OpenVINO: asked
+    for by name, refused with the reason)."""
+    from embedpool.poolers import CrossEncoderModel
+
+    monkeypatch.setenv("EMBEDPOOL_CACHE_DIR", str(tmp_path))
+    for name in ("ce", "pair", "xlmr", "mbert"):
+        if name == "mbert" and path.startswith("openvino"):
+            with pytest.raises(InvalidError, match="local attention"):
+                CrossEncoderModel(str(folders[name]), precision=path)
+            continue
+        model = CrossEncoderModel(str(folders[name]), precision=path)
+        assert model.precision == path
+        got = model.scores(QUERY, DOCS)
+        err = np.abs(got - reference(folders[name], QUERY, DOCS)).max()
+        assert err <= 1e-3, (path, name, err)
