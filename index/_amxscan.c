@@ -1,5 +1,5 @@
-/* The fused int8 MaxSim scans, on AMX tiles (ep_amx_docmax) and on AVX-512 VNNI
- * (ep_vnni_docmax); index/amxscan.py is their Python side and their documentation (why they
+/* The fused int8 MaxSim scans, on AMX tiles (ep_amx_docmax), on AVX-512 VNNI (ep_vnni_docmax)
+ * and on AVX2 (ep_avx2_docmax); index/amxscan.py is their Python side and their documentation (why they
  * are hand-written is said there).
  *
  * ep_amx_docmax: for every document D (rows starts[d]..ends[d]-1 of the int8 codes) and every
@@ -14,9 +14,9 @@
  * tools that walk the package do, works); the Python side finds its file and loads it with
  * ctypes, whose calls release the GIL (the scan's worker threads run the kernel in parallel).
  *
- * The library carries AMX and AVX-512 instructions only inside functions marked with a
+ * The library carries AMX, AVX-512 and AVX2 instructions only inside functions marked with a
  * target attribute; nothing runs them unless the caller saw the unit in the CPU's flags
- * (amx_int8, or avx512_vnni with BW/DQ/VL) and, for AMX, asked Linux for the tile state
+ * (amx_int8, avx512_vnni with BW/DQ/VL, or avx2 with fma) and, for AMX, asked Linux for the tile state
  * (ep_amx_request).
  */
 #define PY_SSIZE_T_CLEAN
@@ -49,7 +49,7 @@ typedef struct {
 
 #define TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,fma")))
 
-/* Both kernels: a document's maxima dm[0..mp) (mp a multiple of 16) to dst, dm reset. */
+/* The AMX kernel: a document's maxima dm[0..mp) (mp a multiple of 16) to dst, dm reset. */
 __attribute__((target("avx512f"))) static inline void flush(float *dst, float *dm, int mp) {
     const __m512 lowest = _mm512_set1_ps(-__builtin_inff());
     for (int g = 0; g < mp; g += 16) {
@@ -58,12 +58,43 @@ __attribute__((target("avx512f"))) static inline void flush(float *dst, float *d
     }
 }
 
-/* Both kernels: the end of the run of documents from d whose rows follow each other (a block
+/* All kernels: the end of the run of documents from d whose rows follow each other (a block
  * of rows may cross documents within a run). */
 static inline int64_t run_end(const int64_t *starts, const int64_t *ends, int64_t n_docs, int64_t d) {
     int64_t e = d + 1;
     while (e < n_docs && starts[e] == ends[e - 1]) e++;
     return e;
+}
+
+/* The VNNI and AVX2 kernels: a document's maxima dm[0..mp) to dst, dm reset (once per document:
+ * plain C, no target needed). */
+static inline void flush_doc(float *dst, float *dm, int mp) {
+    memcpy(dst, dm, (size_t)mp * sizeof(float));
+    for (int i = 0; i < mp; i++) dm[i] = -__builtin_inff();
+}
+
+/* The VNNI and AVX2 kernels: the codes of the block of rows r.. (nr of them, read as `rows` rows
+ * of kpad bytes), row stride *stride: in place, or for the last rows of the array, whose reads
+ * would pass its end, a zero-padded copy in pad (pad_bytes). */
+static inline const int8_t *block_codes(const int8_t *codes, int64_t dim, int64_t total, int64_t r, int nr,
+                                        int rows, int64_t kpad, int8_t *pad, size_t pad_bytes, int64_t *stride) {
+    *stride = dim;
+    if ((r + rows - 1) * dim + kpad <= total) return codes + r * dim;
+    memset(pad, 0, pad_bytes);
+    for (int i = 0; i < nr; i++) memcpy(pad + i * kpad, codes + (r + i) * dim, (size_t)dim);
+    *stride = kpad;
+    return pad;
+}
+
+/* The VNNI and AVX2 kernels: from row i of the block starting at row r (nr rows), the end j of
+ * the rows that belong to one document, *cur (the documents that end before row r + i are
+ * written out first). */
+static inline int segment(const int64_t *ends, int64_t r, int nr, int i, int64_t *cur, float *out, float *dm, int mp) {
+    while (r + i >= ends[*cur]) {
+        flush_doc(out + *cur * mp, dm, mp);
+        (*cur)++;
+    }
+    return (int)(ends[*cur] - r < nr ? ends[*cur] - r : nr);
 }
 
 /* Returns 0, or -1 when a buffer could not be allocated (out is then undefined).
@@ -232,14 +263,8 @@ VTARGET int ep_vnni_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, con
         int64_t cur = d;
         for (int64_t r = r0; r < r1; r += VR) {
             const int nr = (int)(r1 - r < VR ? r1 - r : VR);
-            const int8_t *a = codes + r * dim;
-            int64_t stride = dim;
-            if ((r + VR - 1) * dim + kpad > total) { /* the last rows: a zero-padded copy */
-                memset(pad, 0, (size_t)VR * kpad + 64);
-                for (int i = 0; i < nr; i++) memcpy(pad + i * kpad, codes + (r + i) * dim, (size_t)dim);
-                a = pad;
-                stride = kpad;
-            }
+            int64_t stride;
+            const int8_t *a = block_codes(codes, dim, total, r, nr, VR, kpad, pad, (size_t)VR * kpad + 64, &stride);
             /* prefetching is a hint (past the last blocks it re-reads the first ones) */
             const int64_t ahead = (r + PF * VR) * dim;
             const char *pf = (const char *)(codes + (ahead + VR * kpad <= total ? ahead : 0));
@@ -275,12 +300,8 @@ VTARGET int ep_vnni_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, con
                 }
             }
             /* the block's rows, one document's segment at a time, folded into its maxima */
-            for (int i = 0; i < nr;) {
-                while (r + i >= ends[cur]) {
-                    flush(out + cur * mp, dm, mp);
-                    cur++;
-                }
-                const int j = (int)(ends[cur] - r < nr ? ends[cur] - r : nr);
+            for (int i = 0, j; i < nr; i = j) {
+                j = segment(ends, r, nr, i, &cur, out, dm, mp);
                 for (int o = 0; o < mp; o += 16) { /* o: column; its block offset (o / 32) * VR * 32 + o % 32 */
                     const int32_t *c = cbuf + (o / 32) * VR * 32 + o % 32;
                     __m512 acc = _mm512_loadu_ps(dm + o);
@@ -292,10 +313,129 @@ VTARGET int ep_vnni_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, con
                     }
                     _mm512_storeu_ps(dm + o, acc);
                 }
-                i = j;
             }
         }
-        for (; cur < e; cur++) flush(out + cur * mp, dm, mp);
+        for (; cur < e; cur++) flush_doc(out + cur * mp, dm, mp);
+    }
+    free(cbuf); free(dm); free(pad);
+    return 0;
+}
+
+/* ep_avx2_docmax: the same per-document maxima on AVX2 (VPMADDUBSW + VPMADDWD), for CPUs with
+ * neither AMX nor AVX-512 VNNI. VPMADDUBSW multiplies unsigned bytes by signed bytes and adds
+ * adjacent pairs into int16 *with saturation*, so neither the codes nor the query can simply be
+ * shifted by 128 as on VNNI: (k + 128) c pairs reach 2 * 255 * 128 = 65,280 > 32,767. Instead
+ * the sign moves from the code row to the query (VPABSB / VPSIGNB):
+ *     c k = |c| (sgn(c) k),   |c| in 0..128 (unsigned: -128 gives 128), |sgn(c) k| = |k| <= 127,
+ * so each product is at most 128 * 127 = 16,256 in magnitude and a pair at most 32,512: no
+ * int16 sum saturates, and VPMADDWD with ones adds the pairs into exact int32 -- the integers
+ * TDPBSSD gives, with no correction term. It needs the query codes in -127..127 (pack_query
+ * refuses -128: VPSIGNB would negate it to itself). A block of 4 rows (contiguous codes) is
+ * multiplied by 16 query columns at a time: 8 int32 accumulators in registers, two query vectors
+ * per 4-byte group shared by the 4 rows, each row's 4-byte group broadcast from the mapped codes
+ * (|c| once per broadcast, the sign once per product). The block PF blocks ahead is prefetched
+ * at the block's start. The int32 go to a small buffer and are combined, scaled and folded into
+ * per-document maxima in the same float32 order as the other two kernels (bitwise equal maxima).
+ *   qpack  int8 [n_cg][n_codes][n_g][16][4]: per group of 16 query columns, level and 4-byte
+ *          group of components, the 16 columns' 4 codes (-127..127; 0 for padding)
+ *   out    float32 [n_docs][16 * n_cg]                                                       */
+#define ATARGET __attribute__((target("avx2,fma")))
+#define AR 4  /* rows per block: 8 accumulators, 2 query vectors, the broadcast and |c| in 16 ymm */
+#define AROWS(X) X(0) X(1) X(2) X(3)
+
+ATARGET static inline __m256i bcast8(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc += the int32 sums of four signed products per lane of the query vector q and the
+ * broadcast codes b (|b| given as u): VPSIGNB, VPMADDUBSW, VPMADDWD with ones, VPADDD, in place
+ * (GCC 12 compiles the intrinsics with a spilled accumulator and register copies: 1.9x slower) */
+#define AMAC(acc, u, q, b) do { \
+        __m256i t_; \
+        __asm__("vpsignb %4, %3, %1\n\t" \
+                "vpmaddubsw %1, %2, %1\n\t" \
+                "vpmaddwd %5, %1, %1\n\t" \
+                "vpaddd %1, %0, %0" \
+                : "+x"(acc), "=&x"(t_) \
+                : "x"(u), "x"(q), "x"(b), "x"(ones16)); \
+    } while (0)
+
+ATARGET int ep_avx2_docmax(const int8_t *codes, int64_t n_rows, int64_t dim, const float *scales,
+                           const int64_t *starts, const int64_t *ends, int64_t n_docs,
+                           const int8_t *qpack, int n_cg, int n_codes, int n_g, const float *w,
+                           float *out) {
+    if (n_codes < 1 || n_codes > 3 || n_cg < 1 || n_g < 1 || 4 * (int64_t)n_g < dim) return -1;
+    const int mp = 16 * n_cg;
+    const int64_t kpad = 4 * (int64_t)n_g;
+    const size_t pad_bytes = ((size_t)AR * kpad + 64 + 31) & ~(size_t)31;
+    /* the block's int32: [level][column group][row][16 columns] */
+    int32_t *cbuf = aligned_alloc(32, (size_t)n_codes * n_cg * AR * 16 * sizeof(int32_t));
+    float *dm = aligned_alloc(32, (size_t)mp * sizeof(float));
+    int8_t *pad = aligned_alloc(32, pad_bytes);
+    if (!cbuf || !dm || !pad) {
+        free(cbuf); free(dm); free(pad);
+        return -1;
+    }
+    for (int i = 0; i < mp; i++) dm[i] = -__builtin_inff();
+    const int64_t total = n_rows * dim;
+    const __m256i zero = _mm256_setzero_si256(), ones16 = _mm256_set1_epi16(1);
+    const __m256 wv1 = _mm256_set1_ps(n_codes > 1 ? w[1] : 0.0f), wv2 = _mm256_set1_ps(n_codes > 2 ? w[2] : 0.0f);
+    const int64_t level_stride = (int64_t)n_cg * AR * 16;
+    __m256 scale[AR];
+
+    for (int64_t d = 0, e; d < n_docs; d = e) {
+        e = run_end(starts, ends, n_docs, d);
+        const int64_t r0 = starts[d], r1 = ends[e - 1];
+        int64_t cur = d;
+        for (int64_t r = r0; r < r1; r += AR) {
+            const int nr = (int)(r1 - r < AR ? r1 - r : AR);
+            int64_t stride;
+            const int8_t *a = block_codes(codes, dim, total, r, nr, AR, kpad, pad, pad_bytes, &stride);
+            /* prefetching is a hint (past the last blocks it re-reads the first ones) */
+            const int64_t ahead = (r + PF * AR) * dim;
+            const char *pf = (const char *)(codes + (ahead + AR * dim <= total ? ahead : 0));
+            for (int64_t o = 0; o < AR * dim; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+            for (int t = 0; t < AR; t++) scale[t] = _mm256_set1_ps(scales && t < nr ? scales[r + t] : 1.0f);
+            for (int cg = 0; cg < n_cg; cg++) {
+                for (int l = 0; l < n_codes; l++) {
+                    const int8_t *q = qpack + ((int64_t)cg * n_codes + l) * n_g * 64;
+#define DECL(T) __m256i a##T##0 = zero, a##T##1 = zero;
+                    AROWS(DECL)
+#undef DECL
+                    const int8_t *p = a;
+                    for (int g = 0; g < n_g; g++, q += 64, p += 4) {
+                        const __m256i q0 = _mm256_loadu_si256((const __m256i *)q);
+                        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+                        __m256i b, u;
+#define STEP(T) b = bcast8(p + T * stride); u = _mm256_abs_epi8(b); AMAC(a##T##0, u, q0, b); AMAC(a##T##1, u, q1, b);
+                        AROWS(STEP)
+#undef STEP
+                    }
+                    int32_t *c = cbuf + l * level_stride + cg * AR * 16;
+#define KEEP(T) _mm256_store_si256((__m256i *)(c + 16 * T), a##T##0); _mm256_store_si256((__m256i *)(c + 16 * T + 8), a##T##1);
+                    AROWS(KEEP)
+#undef KEEP
+                }
+            }
+            /* the block's rows, one document's segment at a time, folded into its maxima */
+            for (int i = 0, j; i < nr; i = j) {
+                j = segment(ends, r, nr, i, &cur, out, dm, mp);
+                for (int o = 0; o < mp; o += 8) { /* o: column; its block offset (o / 16) * AR * 16 + o % 16 */
+                    const int32_t *c = cbuf + (o / 16) * AR * 16 + o % 16;
+                    __m256 acc = _mm256_loadu_ps(dm + o);
+                    for (int t = i; t < j; t++) {
+                        __m256 v = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(c + 16 * t)));
+                        if (n_codes > 1) v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(c + level_stride + 16 * t))), wv1, v);
+                        if (n_codes > 2) v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(c + 2 * level_stride + 16 * t))), wv2, v);
+                        acc = _mm256_max_ps(acc, _mm256_mul_ps(v, scale[t]));
+                    }
+                    _mm256_storeu_ps(dm + o, acc);
+                }
+            }
+        }
+        for (; cur < e; cur++) flush_doc(out + cur * mp, dm, mp);
     }
     free(cbuf); free(dm); free(pad);
     return 0;

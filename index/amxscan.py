@@ -1,7 +1,7 @@
-"""The fused int8 scans of :mod:`index.int8scan`, on AMX tiles and on AVX-512 VNNI: per document
-and query token, the largest scaled int8 product, with no ``[m, T]`` product array in memory.
-(The module keeps its first name, ``amxscan``; the VNNI kernel came second and shares its
-compiled library, its interface and its tests.)
+"""The fused int8 scans of :mod:`index.int8scan`, on AMX tiles, on AVX-512 VNNI and on AVX2: per
+document and query token, the largest scaled int8 product, with no ``[m, T]`` product array in
+memory. (The module keeps its first name, ``amxscan``; the VNNI and AVX2 kernels came later and
+share its compiled library, its interface and its tests.)
 
 :mod:`index.int8scan`'s library path multiplies a chunk of codes by the query's int8 codes with
 oneDNN (``torch._int_mm``), writes the ``[m, T]`` int32 products to memory, then scales them and
@@ -9,7 +9,7 @@ takes per-document maxima in numpy. On an AMX Xeon that path ran at ~132 G int8 
 second, far below the tiles' rate: it is bound by the products' round trip through memory and by
 numpy's passes over them (docs/storage.md). No library has the fused operation -- int8 matrix
 product, per-row scale, maximum over variable-length row segments -- oneDNN, MLAS and FAISS stop
-at the product (or at a top-1), so it is written here, in ``_amxscan.c``. Two units:
+at the product (or at a top-1), so it is written here, in ``_amxscan.c``. Three units:
 
 ``amx`` (``ep_amx_docmax``):
 
@@ -40,7 +40,29 @@ at the product (or at a top-1), so it is written here, in ``_amxscan.c``. Two un
 - the int32 go to a small buffer and are combined, scaled and folded into per-document maxima as
   on AMX.
 
-What both compute is exactly what :func:`index.int8scan.bound_scan`'s library path computes
+``avx2`` (``ep_avx2_docmax``), for CPUs with AVX2 (and FMA) and neither of the two above:
+
+- ``VPMADDUBSW`` multiplies unsigned by signed bytes and adds adjacent pairs into int16 **with
+  saturation**, so the VNNI kernel's shift does not carry over: ``(k + 128) c`` pairs reach
+  ``2 * 255 * 128 = 65,280`` (and ``(c + 128) k`` ``2 * 255 * 127 = 64,770``), far above
+  ``32,767``. The sign moves from the code to the query instead: ``c k = |c| (sgn(c) k)``, the
+  unsigned operand ``|c|`` (``VPABSB``, once per broadcast code group; ``-128`` gives ``128``)
+  and the signed one ``sgn(c) k`` (``VPSIGNB`` of the query vector by the codes, once per
+  product). **The bound:** ``|c| <= 128`` and ``|sgn(c) k| = |k| <= 127`` (query codes are
+  clipped to ``-127..127``; :func:`pack_query` refuses ``-128``, which ``VPSIGNB`` would negate
+  to itself), so every product is at most ``128 * 127 = 16,256`` in magnitude and every pair
+  ``VPMADDUBSW`` adds at most ``32,512 < 32,767``: nothing saturates, and ``VPMADDWD`` with ones
+  adds the pairs into exact int32 -- ``TDPBSSD``'s integers, with no correction term (the tests
+  check every (code, query code) pair of the representation and the kernel at the extremes
+  against an int64 product, and its maxima bitwise against the other units');
+- 4 rows x 16 query columns at a time: 8 int32 accumulators in the 16 ymm registers, two query
+  vectors per 4-byte group shared by the 4 rows; per 32 multiply-adds four instructions
+  (``VPSIGNB``, ``VPMADDUBSW``, ``VPMADDWD``, ``VPADDD``), two of them on the multiply units, so
+  it runs at about half the VNNI kernel's rate on the same core;
+- the int32 are combined, scaled and folded into per-document maxima in the same float32 order
+  as the other two (bitwise equal maxima).
+
+What all three compute is exactly what :func:`index.int8scan.bound_scan`'s library path computes
 (the same integers, the same float32 scaling up to the order of two roundings, which the bound's
 ``rho`` covers), so the bound, the exclusion and the exact step of :mod:`index.int8scan` are
 unchanged: this module only replaces the products and the per-document maxima.
@@ -48,8 +70,11 @@ unchanged: this module only replaces the products and the per-document maxima.
 ``amx`` is used where the CPU has AMX int8 (``amx_tile`` and ``amx_int8`` in its flags), the
 module was built (it is optional: ``setup.py``) and Linux grants the process the tile state
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``); ``vnni`` where the CPU has AVX-512 VNNI with BW/DQ/VL and
-the module was built. :func:`available` checks them per unit (flags injectable).
-``bench/maxsim.py`` measures both against the library path on the same codes.
+the module was built; ``avx2`` where the CPU has AVX2 and FMA and the module was built (every
+x86-64 CPU of the last decade; :func:`index.kernels.choose_scan` takes it only where the other
+two do not run). :func:`available` checks them per unit (flags injectable).
+``bench/maxsim.py`` measures them against the library path and the plain read of the same codes
+(``--scan-vs-read``: the fused scans alone, interleaved with the read).
 """
 
 from __future__ import annotations
@@ -63,13 +88,15 @@ import numpy as np
 
 from embedpool.cpu import cpu_features
 
-#: the fused scans: the unit, the CPU flags it needs, and its shape -- query columns per group
-#: (AMX: a tile's 16 columns; VNNI: two 16-lane vectors) and components per step of the
-#: product (AMX: a tile row's 64 bytes; VNNI: one 4-byte group)
-UNITS = ("amx", "vnni")
+#: the fused scans, best first: the unit, the CPU flags it needs, and its shape -- query columns
+#: per group (AMX: a tile's 16 columns; VNNI: two 16-lane vectors; AVX2: two 8-lane vectors) and
+#: components per step of the product (AMX: a tile row's 64 bytes; VNNI, AVX2: one 4-byte group)
+UNITS = ("amx", "vnni", "avx2")
 UNIT_FLAGS = {"amx": frozenset({"amx_tile", "amx_int8"}),
-          "vnni": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})}
-_SHAPE = {"amx": (16, 64), "vnni": (32, 4)}
+              "vnni": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}),
+              "avx2": frozenset({"avx2", "fma"})}
+_SHAPE = {"amx": (16, 64), "vnni": (32, 4), "avx2": (16, 4)}
+_FUNCTIONS = {"amx": "ep_amx_docmax", "vnni": "ep_vnni_docmax", "avx2": "ep_avx2_docmax"}
 
 _I64P = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
 _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, _I64P, _I64P,
@@ -104,7 +131,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(path)
-        fns = lib.ep_amx_docmax, lib.ep_vnni_docmax
+        fns = [getattr(lib, name) for name in _FUNCTIONS.values()]
     except (OSError, AttributeError):  # not loadable here, or not an x86-64 Linux build
         return None
     for fn in fns:
@@ -147,16 +174,20 @@ def pack_query(codes: np.ndarray, n_codes: int, unit: str = "amx") -> Packed:
     - ``amx``: the tiles' B operand, ``[group][level][k block][16 rows of 4-byte groups]
       [16 columns x 4 bytes]``, int8;
     - ``vnni``: ``[group][level][4-byte group][32 columns][4 bytes]``, each code + 128 as uint8
-      (``VPDPBUSD``'s unsigned operand; padding stays 0, so it adds nothing).
+      (``VPDPBUSD``'s unsigned operand; padding stays 0, so it adds nothing);
+    - ``avx2``: ``[group][level][4-byte group][16 columns][4 bytes]``, int8 in ``-127..127``
+      (``VPSIGNB`` cannot negate ``-128``: refused).
     """
     cols, step = _SHAPE[unit]
     m = len(codes) // n_codes
     dim = codes.shape[1]
     n_groups, n_k = -(-m // cols), -(-dim // step)
-    dtype = np.int8 if unit == "amx" else np.uint8
+    dtype = np.uint8 if unit == "vnni" else np.int8
     q = np.zeros((n_codes, n_groups * cols, n_k * step), dtype)
     c = np.asarray(codes, np.int8).reshape(n_codes, m, dim)
-    q[:, :m, :dim] = c if unit == "amx" else (c.astype(np.int16) + 128).astype(np.uint8)
+    if unit == "avx2" and (c == -128).any():
+        raise ValueError("the AVX2 scan takes query codes in -127..127 (int8scan.quantized_queries' range)")
+    q[:, :m, :dim] = (c.astype(np.int16) + 128).astype(np.uint8) if unit == "vnni" else c
     if unit == "amx":
         # [level, group, column, k block, row, byte] -> [group, level, k block, row, column, byte]
         q = q.reshape(n_codes, n_groups, cols, n_k, step // 4, 4).transpose(1, 0, 3, 4, 2, 5)
@@ -182,7 +213,7 @@ def docmax(packed: Packed, n_codes: int, weights: np.ndarray, m: int,
     """
     if not available(unit=packed.unit):
         raise RuntimeError(f"the fused {packed.unit} scan is not available here")
-    fn = _library().ep_amx_docmax if packed.unit == "amx" else _library().ep_vnni_docmax
+    fn = getattr(_library(), _FUNCTIONS[packed.unit])
     if not vectors.flags.c_contiguous or vectors.dtype != np.int8:
         raise ValueError("the fused scan reads C-contiguous int8 codes")
     starts = np.ascontiguousarray(starts, np.int64)

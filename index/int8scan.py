@@ -20,9 +20,11 @@ scale per token. Where the CPU has int8 dot-product units (AVX-512 VNNI, AVX-VNN
 
 On AMX CPUs (``scan="amx"``) step 1 runs fused on the tiles (:mod:`index.amxscan`: the products
 never leave the tiles, each document's maxima are taken as they are made), on AVX-512 VNNI CPUs
-(``scan="vnni"``) fused on ``VPDPBUSD`` the same way, with the same integers and the same bound.
-Elsewhere (no int8 units, float codes, no torch, a library whose int8 products are not exact on
-this CPU) it scores every document with the exact kernel: the portable path. The choice is per CPU and injectable (``scan=``).
+(``scan="vnni"``) fused on ``VPDPBUSD`` the same way, on other AVX2 CPUs (``scan="avx2"``) fused
+on ``VPMADDUBSW`` + ``VPMADDWD``, all three with the same integers and the same bound.
+Elsewhere (no AVX2 nor int8 units, float codes, the module not built and no torch or a library
+whose int8 products are not exact on this CPU) it scores every document with the exact kernel:
+the portable path. The choice is per CPU and injectable (``scan=``).
 
 **The bound.** Notation: query tokens ``q_i`` (float32, ``i = 1..m``), stored document tokens
 ``d_j = s_j c_j`` (``c_j`` int8 codes, ``s_j > 0`` their float32 scale), dimension ``n``,
@@ -104,7 +106,9 @@ MIN_SCAN_TOKENS = 16_384
 #: near-ties: on every SciFact abstract's MiniLM codes one code first leaves a median of 16 of
 #: 5,183 documents and an exact top 10 takes 44 ms against 79 with two codes first
 #: (bench/maxsim_real.py on a VNNI EPYC without AMX: 2.3x against 4.2x the plain read)
-SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (1, 2)}
+#: The fused AVX2 scan is bound by its multiply-adds like VNNI's, at about half their rate: one
+#: code first, as VNNI.
+SCAN_CODES = {"int8": (1, 2), "amx": (2, 3), "vnni": (1, 2), "avx2": (1, 2)}
 #: when the first scan leaves more than this many times k documents, the k best of them by scan
 #: score are scored exactly first and their k-th exact score raises the threshold (the exact
 #: step of the module docstring); fewer survivors are scored exactly at once (one call less)
@@ -234,8 +238,8 @@ def bound_scan(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.n
         n_codes: int8 codes per query component: 1, 2 (the rounding residual's codes too:
             twice the products, a bound 254x tighter) or 3.
         engine: ``torch`` (oneDNN int8 products per chunk, per-document maxima in numpy),
-            ``amx`` or ``vnni`` (:mod:`index.amxscan`: both fused, on AMX tiles or AVX-512 VNNI;
-            the same values).
+            ``amx``, ``vnni`` or ``avx2`` (:mod:`index.amxscan`: fused, on AMX tiles, AVX-512
+            VNNI or AVX2; the same values).
     """
     q_all, q_starts = _stack_queries(queries)
     m, dim = q_all.shape
@@ -311,8 +315,8 @@ def scan_scores(q_all: np.ndarray, q_starts: np.ndarray, quant: tuple, vectors: 
 def fused_maxsim(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.ndarray,
                  scales: np.ndarray | None, *, doc_idx: np.ndarray | None = None, unit: str = "amx") -> np.ndarray:
     """MaxSim of every query against every document (or ``doc_idx``) by the fused scan on
-    ``unit`` (``amx`` or ``vnni``) with three int8 codes per query component: the
-    ``amx-int8x3`` / ``vnni-int8x3`` kernels of :func:`index.maxsim.maxsim_scores`, exact up to
+    ``unit`` (``amx``, ``vnni`` or ``avx2``) with three int8 codes per query component: the
+    ``amx-int8x3`` / ``vnni-int8x3`` / ``avx2-int8x3`` kernels of :func:`index.maxsim.maxsim_scores`, exact up to
     float32 rounding like ``mlas-int8x3`` (the query's error per component is at most
     ``a / (2 * 254**2)``)."""
     q_all, q_starts = _stack_queries(queries)
@@ -346,9 +350,10 @@ def maxsim_topk(queries: Sequence[np.ndarray], vectors: np.ndarray, offsets: np.
         norms: each document's largest token norm (:func:`doc_norms`, over all documents even
             with ``doc_idx``); computed from the rows scanned when not given.
         scan: ``auto`` (:func:`kernels.choose_scan` for this CPU), ``int8`` (the bound scan,
-            then exact scores of the documents it cannot rule out), ``amx`` (the same with the
-            scan fused on AMX tiles: :mod:`index.amxscan`) or ``exact`` (the exact kernel on
-            every document: the portable path).
+            then exact scores of the documents it cannot rule out), ``amx`` / ``vnni`` /
+            ``avx2`` (the same with the scan fused on AMX tiles, AVX-512 VNNI or AVX2:
+            :mod:`index.amxscan`) or ``exact`` (the exact kernel on every document: the
+            portable path).
         kernel: the exact kernel (:func:`maxsim_scores`' ``kernel``).
         stats: if given, filled with ``scan`` (the path taken) and ``rescored`` (documents
             scored exactly, per query).

@@ -22,11 +22,13 @@ tokens; ``maxsim_scores`` reduces it (max per document, sum per query). The kern
   each query component moves by up to ``s / 2``, so scores differ from float32 query math by the
   query's int8 rounding, at most ``sum_i s_i / 2 * max_j ||d_j||_1``. Opt-in.
 
-- ``amx-int8x3`` / ``vnni-int8x3``: the int8 scan fused on AMX tiles / on AVX-512 VNNI
-  (:mod:`index.amxscan`, a compiled module, optional) with the query as three int8 codes per
-  component, as ``mlas-int8x3``: products, row scales and per-document maxima in one pass over
-  the codes, no similarity block in memory. Not chunk kernels: :func:`index.maxsim.maxsim_scores`
-  hands them the whole scan.
+- ``amx-int8x3`` / ``vnni-int8x3`` / ``avx2-int8x3``: the int8 scan fused on AMX tiles / on
+  AVX-512 VNNI / on AVX2 (:mod:`index.amxscan`, a compiled module, optional) with the query as
+  three int8 codes per component, as ``mlas-int8x3``: products, row scales and per-document maxima
+  in one pass over the codes, no similarity block in memory. Not chunk kernels:
+  :func:`index.maxsim.maxsim_scores` hands them the whole scan. ``auto`` never picks
+  ``avx2-int8x3`` (three codes are three times the AVX2 scan's multiply-adds, more than
+  ``mlas-f32``'s); it is there to be asked for by name and measured.
 
 ``auto`` (:func:`choose`): ``amx-int8x3`` for int8 codes on AMX CPUs where the module is built and
 the tile state granted; ``vnni-int8x3`` on other AVX-512 VNNI CPUs (AMX ones included) where the
@@ -40,11 +42,12 @@ kernels").
 Exact *top-k* MaxSim (what ``exhaustive`` search and large candidate reranks ask for) has a
 second choice, :func:`choose_scan`: ``amx`` -- the int8 scan of :mod:`index.int8scan` fused on
 AMX tiles (:mod:`index.amxscan`) -- on AMX CPUs where the compiled module is built; ``vnni`` --
-the same scan fused on AVX-512 VNNI -- on other AVX-512 VNNI CPUs where it is built; ``int8`` --
-the same scan with torch's oneDNN int8 products, whose proven error bound lets it score only the
-documents that could be in the top k exactly -- on other CPUs with int8 dot-product units
-(AVX-VNNI, or without the compiled module) where torch's int8 matmul is exact; ``exact`` (the
-kernel above on every document) elsewhere.
+the same scan fused on AVX-512 VNNI -- on other AVX-512 VNNI CPUs where it is built; ``avx2`` --
+the same scan fused on AVX2's ``VPMADDUBSW`` / ``VPMADDWD`` -- on every other CPU with AVX2 and
+FMA where it is built (AVX2-only CPUs, AVX-VNNI ones); ``int8`` -- the same scan with torch's
+oneDNN int8 products, whose proven error bound lets it score only the documents that could be in
+the top k exactly -- on CPUs with int8 dot-product units without the compiled module, where
+torch's int8 matmul is exact; ``exact`` (the kernel above on every document) elsewhere.
 
 :func:`choose` is pure (precision and CPU flags in, kernel and reason out), so tests pin every
 decision by injecting flags; :func:`embedpool.cpu.cpu_features` reads the real ones
@@ -81,9 +84,10 @@ KERNELS: dict[str, str] = {
     "mlas-int8": "ONNX Runtime MatMulInteger on the int8 codes, query as one int8 code per component",
     "amx-int8x3": "the int8 scan fused on AMX tiles (index/amxscan.py), query as three int8 codes per component",
     "vnni-int8x3": "the int8 scan fused on AVX-512 VNNI (index/amxscan.py), query as three int8 codes per component",
+    "avx2-int8x3": "the int8 scan fused on AVX2 (index/amxscan.py), query as three int8 codes per component",
 }
-INT8_KERNELS = {"mlas-int8x3": 3, "mlas-int8": 1, "amx-int8x3": 3, "vnni-int8x3": 3}  # name -> query codes
-FUSED_KERNELS = {"amx-int8x3": "amx", "vnni-int8x3": "vnni"}  # name -> the unit of index/amxscan.py
+INT8_KERNELS = {"mlas-int8x3": 3, "mlas-int8": 1, "amx-int8x3": 3, "vnni-int8x3": 3, "avx2-int8x3": 3}  # name -> query codes
+FUSED_KERNELS = {"amx-int8x3": "amx", "vnni-int8x3": "vnni", "avx2-int8x3": "avx2"}  # name -> the unit of index/amxscan.py
 _STEP = 254.0  # each further query code's step is 1/254 of the one before: |code| <= 127
 
 
@@ -170,7 +174,7 @@ def resolve(kernel: str, precision: str) -> str:
     return kernel
 
 
-_UNIT_NAMES = {"amx": "AMX int8", "vnni": "AVX-512 VNNI"}
+_UNIT_NAMES = {"amx": "AMX int8", "vnni": "AVX-512 VNNI", "avx2": "AVX2 and FMA"}
 
 
 def _fused_available(unit: str) -> bool:
@@ -184,6 +188,8 @@ SCANS: dict[str, str] = {
            "index/amxscan.py), then exact scores of the documents it cannot rule out",
     "vnni": "the same scan fused on AVX-512 VNNI (VPDPBUSD; index/amxscan.py), then exact scores of the "
             "documents it cannot rule out",
+    "avx2": "the same scan fused on AVX2 (VPMADDUBSW + VPMADDWD; index/amxscan.py), then exact scores of the "
+            "documents it cannot rule out",
     "int8": "int8 scan with a proven error bound (oneDNN int8 through torch), then exact scores of the "
             "documents it cannot rule out (index/int8scan.py)",
     "exact": "the exact kernel on every document (portable)",
@@ -191,7 +197,7 @@ SCANS: dict[str, str] = {
 
 
 def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
-                amx_scan: bool = False, vnni_scan: bool = False) -> tuple[str, str]:
+                amx_scan: bool = False, vnni_scan: bool = False, avx2_scan: bool = False) -> tuple[str, str]:
     """``(scan, reason)`` of exact top-k MaxSim (:func:`index.int8scan.maxsim_topk`) for codes of
     ``precision`` on a CPU with ``flags``.
 
@@ -204,22 +210,32 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
             (:func:`index.amxscan.available`; it is only asked on AMX CPUs).
         vnni_scan: whether the fused AVX-512 VNNI scan is built here (it runs where ``flags``
             have AVX-512 VNNI: :func:`index.amxscan.available` with ``unit="vnni"``).
+        avx2_scan: whether the fused AVX2 scan is built here (it runs where ``flags`` have AVX2
+            and FMA: :func:`index.amxscan.available` with ``unit="avx2"``).
     """
     units = int8_units(flags)
+    f = frozenset(flags)
     if precision != "int8":
         return "exact", f"{precision} codes: no int8 products to run (the exact kernel on every document)"
-    if units is None:
-        return "exact", ("no VNNI/AMX: int8 products run at the float32 FMA rate (vpmaddwd), the scan would not "
-                         "pay for its second pass (the exact kernel on every document)")
     if units == "amx" and amx_scan:
         return "amx", ("AMX int8 tiles: the fused scan keeps the products in the tiles and takes the per-document "
                        "maxima as they are made, so the scan runs near the speed of reading the codes "
                        "(bench/maxsim.py)")
-    if vnni_scan and UNIT_FLAGS["vnni"] <= frozenset(flags):
+    if vnni_scan and UNIT_FLAGS["vnni"] <= f:
         return "vnni", ("AVX-512 VNNI: the fused scan multiplies each code row, broadcast from the mapped codes, by "
                         "32 query columns per VPDPBUSD pair and takes the per-document maxima in registers, with "
                         "no product array in memory: an exact top 10 3.2-3.7x faster than through the library "
                         "scan (bench/maxsim.py)")
+    if avx2_scan and UNIT_FLAGS["avx2"] <= f:
+        return "avx2", ("AVX2 without a usable AMX or AVX-512 VNNI scan: the scan fused on VPMADDUBSW + VPMADDWD "
+                        "(the sign moved from the codes to the query, so no int16 sum saturates) multiplies each "
+                        "code row by 16 query columns at a time and takes the per-document maxima in registers, "
+                        "with no product array in memory, then scores the documents it cannot rule out exactly "
+                        "(bench/maxsim.py --scan-vs-read)")
+    if units is None:
+        return "exact", ("no VNNI/AMX and no fused AVX2 scan (not built, or no AVX2): torch's int8 products run at "
+                         "the float32 FMA rate (vpmaddwd) through memory, the scan would not pay for its second pass "
+                         "(the exact kernel on every document)")
     if not torch_int8:
         return "exact", f"{units}, but torch's int8 matmul is missing or not exact here (the exact kernel)"
     why = "" if units not in ("amx", "avx512_vnni") else " (the fused scan is not built or not usable here)"
@@ -228,8 +244,8 @@ def choose_scan(precision: str, flags: Iterable[str], torch_int8: bool = True,
 
 
 def resolve_scan(scan: str, precision: str) -> str:
-    """The scan :func:`index.int8scan.maxsim_topk` runs for ``scan`` (``auto``, ``amx``, ``int8``,
-    ``exact``)."""
+    """The scan :func:`index.int8scan.maxsim_topk` runs for ``scan`` (``auto`` or a name of
+    :data:`SCANS`)."""
     if scan == "auto":
         from . import amxscan
         from .int8scan import int8_matmul_is_exact
@@ -238,8 +254,9 @@ def resolve_scan(scan: str, precision: str) -> str:
         units = int8_units(flags) if precision == "int8" else None
         amx_ok = units == "amx" and amxscan.available(flags)
         vnni_ok = units is not None and not amx_ok and amxscan.available(flags, "vnni")
-        torch_ok = units is not None and not (amx_ok or vnni_ok) and int8_matmul_is_exact()
-        return choose_scan(precision, flags, torch_ok, amx_ok, vnni_ok)[0]
+        avx2_ok = precision == "int8" and not (amx_ok or vnni_ok) and amxscan.available(flags, "avx2")
+        torch_ok = units is not None and not (amx_ok or vnni_ok or avx2_ok) and int8_matmul_is_exact()
+        return choose_scan(precision, flags, torch_ok, amx_ok, vnni_ok, avx2_ok)[0]
     if scan not in SCANS:
         raise InvalidError(f"unknown MaxSim scan {scan!r}; use auto or one of {', '.join(SCANS)}", param="scan")
     if scan != "exact" and precision != "int8":

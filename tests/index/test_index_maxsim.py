@@ -112,7 +112,7 @@ from embedpool.index import amxscan, kernels  # noqa: E402
 # ONNX Runtime is a core dependency (pyproject.toml): every kernel runs here, and a missing
 # onnxruntime fails these tests instead of shrinking the lists
 FLOAT_KERNELS = ["numpy", "mlas-f32"]
-# the fused AMX / AVX-512 VNNI kernels where they run (the CPU's unit, the compiled module)
+# the fused AMX / AVX-512 VNNI / AVX2 kernels where they run (the CPU's unit, the compiled module)
 FUSED_UNITS = amxscan.runnable_units()
 INT8_KERNELS = ["mlas-int8x3", "mlas-int8"] + [k for k, u in kernels.FUSED_KERNELS.items() if u in FUSED_UNITS]
 
@@ -120,6 +120,7 @@ ZEN1_FLAGS = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni").
 CASCADE_LAKE_FLAGS = ZEN1_FLAGS + "avx512f avx512dq avx512bw avx512vl avx512cd avx512_vnni".split()
 SAPPHIRE_RAPIDS_FLAGS = CASCADE_LAKE_FLAGS + "avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8".split()
 ALDER_LAKE_FLAGS = ZEN1_FLAGS + ["avx_vnni"]
+NO_AVX2_FLAGS = ("fpu sse sse2 ssse3 sse4_1 sse4_2 avx").split()  # Sandy/Ivy Bridge: no AVX2, no FMA
 
 
 def _stored(codes, scales):
@@ -496,6 +497,7 @@ def test_topk_on_float_codes_takes_the_exact_path(rng):
     (CASCADE_LAKE_FLAGS, "int8"),  # AVX-512 VNNI (this machine's kind)
     (SAPPHIRE_RAPIDS_FLAGS, "int8"),  # AMX, without the fused scan (not built)
     (ALDER_LAKE_FLAGS, "int8"),  # AVX-VNNI
+    (NO_AVX2_FLAGS, "exact"),
     ((), "exact"),
 ])
 def test_scan_choice_per_cpu(flags, int8):
@@ -513,16 +515,28 @@ def test_scan_choice_per_cpu(flags, int8):
     assert kernels.choose_scan("int8", flags, torch_int8=False, vnni_scan=True)[0] == \
         (vnni if vnni == "vnni" else "exact")
     assert kernels.choose_scan("int8", flags, amx_scan=True, vnni_scan=True)[0] == (amx if amx == "amx" else vnni)
+    # the scan fused on AVX2 where it is built and neither of those runs: every CPU with AVX2 and
+    # FMA (AVX2-only ones, AVX-VNNI ones, AVX-512 ones whose VNNI scan is not usable), whatever
+    # torch has; never where the flags lack AVX2
+    avx2 = "avx2" if "avx2" in flags else int8
+    assert kernels.choose_scan("int8", flags, avx2_scan=True)[0] == avx2
+    assert kernels.choose_scan("int8", flags, torch_int8=False, avx2_scan=True)[0] == \
+        ("avx2" if avx2 == "avx2" else "exact")
+    assert kernels.choose_scan("int8", flags, vnni_scan=True, avx2_scan=True)[0] == (vnni if vnni == "vnni" else avx2)
+    assert kernels.choose_scan("int8", flags, amx_scan=True, vnni_scan=True, avx2_scan=True)[0] == \
+        (amx if amx == "amx" else vnni if vnni == "vnni" else avx2)
     for precision in ("float16", "float32"):
         assert kernels.choose_scan(precision, flags)[0] == "exact"
-        assert kernels.choose_scan(precision, flags, amx_scan=True, vnni_scan=True)[0] == "exact"
+        assert kernels.choose_scan(precision, flags, amx_scan=True, vnni_scan=True, avx2_scan=True)[0] == "exact"
 
 
 def test_auto_scan_is_the_choice_for_this_cpu(rng):
     flags = cpu_features().flags
     amx = kernels.int8_units(flags) == "amx" and amxscan.available()
     vnni = not amx and amxscan.available(unit="vnni")
-    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact() and not (amx or vnni), amx, vnni)[0]
+    avx2 = not (amx or vnni) and amxscan.available(unit="avx2")
+    want = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact() and not (amx or vnni or avx2),
+                               amx, vnni, avx2)[0]
     assert kernels.resolve_scan("auto", "int8") == want
     docs = rand_docs(rng, 400, 32, lo=40, hi=60)  # above MIN_SCAN_TOKENS
     vecs, offs = _pack(docs)
@@ -532,8 +546,8 @@ def test_auto_scan_is_the_choice_for_this_cpu(rng):
     assert stats["scan"] == want
 
 
-# ---------------------------------------------------------------------------- the fused AMX scan
-@pytest.mark.skipif(not FUSED_UNITS, reason="no AMX int8 or AVX-512 VNNI here, or the module is not built")
+# ---------------------------------------------------------------------------- the fused scans
+@pytest.mark.skipif(not FUSED_UNITS, reason="no AMX int8, AVX-512 VNNI or AVX2 here, or the module is not built")
 @pytest.mark.parametrize("unit", FUSED_UNITS)
 @pytest.mark.parametrize("dim", [384, 100, 64, 8, 130])
 @pytest.mark.parametrize("n_codes", [1, 2, 3])
@@ -561,10 +575,11 @@ def test_fused_docmax_equals_the_integer_reference(rng, unit, dim, n_codes):
         np.testing.assert_allclose(got, want, rtol=3e-7 * n_codes, atol=0)
 
 
-@pytest.mark.skipif(len(FUSED_UNITS) < 2, reason="needs both fused units (an AMX CPU has VNNI too)")
-def test_the_two_fused_units_give_the_same_maxima(rng):
-    """VNNI's shifted query and row-sum correction give TDPBSSD's integers exactly, and both
-    combine, scale and take maxima in the same float32 order: the maxima are bitwise equal."""
+@pytest.mark.skipif(len(FUSED_UNITS) < 2, reason="needs two fused units (an AVX-512 VNNI CPU has AVX2 too)")
+def test_the_fused_units_give_the_same_maxima(rng):
+    """VNNI's shifted query and row-sum correction and AVX2's sign moved to the query give
+    TDPBSSD's integers exactly, and all combine, scale and take maxima in the same float32 order:
+    the maxima are bitwise equal."""
     lens = rng.integers(1, 90, 150)
     offs = np.concatenate([[0], np.cumsum(lens)])
     codes = rng.integers(-128, 128, (int(offs[-1]), 384), dtype=np.int8)
@@ -574,7 +589,65 @@ def test_the_two_fused_units_give_the_same_maxima(rng):
         w = (np.float32(1) / np.float32(254) ** np.arange(n_codes)).astype(np.float32)
         got = [amxscan.docmax(amxscan.pack_query(qc, n_codes, u), n_codes, w, 45, codes, scales, offs[:-1], offs[1:])
                for u in FUSED_UNITS]
-        np.testing.assert_array_equal(got[0], got[1])
+        for other in got[1:]:
+            np.testing.assert_array_equal(got[0], other)
+
+
+def _maddubs(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """VPMADDUBSW on one int16 lane per row: ``u`` uint8 and ``s`` int8 pairs ``[..., 2]``, the two
+    products added and saturated to int16 (Intel's definition)."""
+    return np.clip(u.astype(np.int64)[..., 0] * s[..., 0] + u.astype(np.int64)[..., 1] * s[..., 1], -32768, 32767)
+
+
+def test_avx2_representation_never_saturates():
+    """The AVX2 scan's proof, on every value: for every code ``c`` (-128..127) and query code
+    ``k`` (-127..127), ``VPABSB`` gives ``|c|`` as an unsigned byte (-128 -> 128) and ``VPSIGNB``
+    ``sgn(c) k`` as a signed byte (emulated with int8 wrap-around), their product is ``c k`` and
+    at most 128 * 127 = 16,256 in magnitude, so a pair is at most 32,512 < 32,767: VPMADDUBSW
+    never saturates and equals the exact pair sum at the worst pairs. The shift VNNI uses would
+    saturate there (it is why AVX2 needs another representation), and a -128 query code would
+    wrap, which is why pack_query refuses it."""
+    c = np.arange(-128, 128, dtype=np.int64)[:, None]
+    k = np.arange(-127, 128, dtype=np.int64)[None, :]
+    u = np.abs(c).astype(np.uint8)  # VPABSB: 128 for -128
+    s = (np.sign(c) * k).astype(np.int8)  # VPSIGNB: k negated where c < 0, 0 where c == 0
+    assert (u.astype(np.int64) * s == c * k).all()
+    assert np.abs(u.astype(np.int64) * s).max() == 128 * 127 == 16_256
+    # the worst pairs: both products at the extreme, of either sign
+    for cv, kv in ((-128, 127), (-128, -127), (127, 127), (127, -127)):
+        pair_u = np.full((1, 2), abs(cv), np.uint8)
+        pair_s = np.full((1, 2), np.sign(cv) * kv, np.int8)
+        assert _maddubs(pair_u, pair_s)[0] == 2 * cv * kv and abs(2 * cv * kv) <= 32_512
+    # the VNNI representation (query + 128 unsigned, codes signed) saturates on these pairs
+    assert _maddubs(np.full((1, 2), 127 + 128, np.uint8), np.full((1, 2), -128, np.int8))[0] == -32768 != 2 * 255 * -128
+    # -128 in the query: VPSIGNB would negate it to -128 (int8 wrap), not 128
+    assert (np.array([-128], np.int8) * np.int8(-1))[0] == -128
+    with pytest.raises(ValueError, match="-127..127"):
+        amxscan.pack_query(np.full((2, 8), -128, np.int8), 1, "avx2")
+
+
+@pytest.mark.skipif("avx2" not in FUSED_UNITS, reason="no AVX2 here, or the module is not built")
+@pytest.mark.parametrize("dim", [384, 36])
+def test_avx2_scan_is_exact_at_the_saturation_edge(rng, dim):
+    """The AVX2 kernel on the codes and query codes that would saturate an int16 pair sum under
+    any representation without the bound (every code -128 or 127, every query code +-127, in runs
+    of one sign and mixed), against an int64 product: exact integers, so the maxima of scale 1
+    are the integers themselves."""
+    n = 64
+    codes = np.where(rng.random((n, dim)) < 0.5, -128, 127).astype(np.int8)
+    codes[:8] = -128
+    codes[8:16] = 127
+    q = np.where(rng.random((20, dim)) < 0.5, -127, 127).astype(np.int8)
+    q[0], q[1] = -127, 127
+    offs = np.arange(n + 1, dtype=np.int64)  # one row per document: the maxima are the products
+    want = (q.astype(np.int64) @ codes.astype(np.int64).T).T
+    assert np.abs(want).max() == 128 * 127 * dim  # the extremes are reached
+    for n_codes in (1, 2):
+        qc = np.concatenate([q] * n_codes)
+        w = np.ones(n_codes, np.float32)
+        got = amxscan.docmax(amxscan.pack_query(qc, n_codes, "avx2"), n_codes, w, 20, codes, None,
+                             offs[:-1], offs[1:])
+        np.testing.assert_array_equal(got.astype(np.int64), want * n_codes)
 
 
 @pytest.mark.skipif(not (FUSED_UNITS and int8scan.int8_matmul_is_exact()),
@@ -608,8 +681,14 @@ def test_fused_units_follow_the_flags():
     assert not amxscan.available(ZEN1_FLAGS, "vnni") and not amxscan.available(ALDER_LAKE_FLAGS, "vnni")
     assert not amxscan.available(ZEN1_FLAGS + ["avx512f", "avx512_vnni"], "vnni")
     assert not amxscan.available(CASCADE_LAKE_FLAGS, "amx")
+    assert not amxscan.available(NO_AVX2_FLAGS, "avx2")
+    for missing in ("avx2", "fma"):
+        assert not amxscan.available([f for f in ZEN1_FLAGS if f != missing], "avx2")
     if built and "avx512_vnni" in cpu_features().flags:
         assert amxscan.available(CASCADE_LAKE_FLAGS, "vnni") and amxscan.available(SAPPHIRE_RAPIDS_FLAGS, "vnni")
+    if built and {"avx2", "fma"} <= cpu_features().flags:
+        assert all(amxscan.available(f, "avx2") for f in (ZEN1_FLAGS, ALDER_LAKE_FLAGS, CASCADE_LAKE_FLAGS))
+        assert amxscan.runnable_units(ZEN1_FLAGS) == ["avx2"]
     for unit in amxscan.UNITS:
         if not amxscan.available(unit=unit):
             with pytest.raises(InvalidError, match="compiled module"):
