@@ -111,9 +111,26 @@ def empty_rows(dim: int) -> sp.csr_matrix:
     return sp.csr_matrix((0, dim), dtype=np.float32)
 
 
+def stored_bytes(nnz: int, rows: int, dim: int) -> int:
+    """Bytes ``rows`` rows of ``nnz`` non-zero weights in all take stored: a token id and a weight
+    per non-zero (6 or 8 bytes, :func:`index_dtype`), one row offset and one id per row (16) --
+    a sparse collection's ``stats()["bytes_per_doc"]`` on every backend."""
+    return int(nnz) * (index_dtype(dim).itemsize + 4) + 16 * int(rows)
+
+
 def row_bytes(m: sp.csr_matrix) -> int:
-    """Bytes the rows of ``m`` take stored: token ids, weights, one row offset and one id each."""
-    return int(m.nnz) * (index_dtype(m.shape[1]).itemsize + 4) + 16 * m.shape[0]
+    """Bytes the rows of ``m`` take stored (:func:`stored_bytes`)."""
+    return stored_bytes(m.nnz, m.shape[0], m.shape[1])
+
+
+def row_dicts(m: sp.csr_matrix) -> list[dict[int, float]]:
+    """The rows of a checked CSR matrix (:func:`check_sparse_rows`) as ``{token id: weight}``
+    dicts, as pymilvus takes sparse vectors."""
+    out = []
+    for j in range(m.shape[0]):
+        a, b = m.indptr[j], m.indptr[j + 1]
+        out.append(dict(zip(m.indices[a:b].tolist(), m.data[a:b].tolist())))
+    return out
 
 
 def looks_sparse(vectors: Any) -> bool:

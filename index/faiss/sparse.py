@@ -40,7 +40,7 @@ import scipy.sparse as sp
 
 from ..durable import write_durable
 from embedpool.errors import InternalError
-from ..sparse import empty_rows, exact_topk, index_dtype, parse_sparse_factory, row_bytes
+from ..sparse import empty_rows, exact_topk, index_dtype, parse_sparse_factory, row_bytes, stored_bytes
 from ..spec import CollectionSpec
 from .vectors import BaseAndDeltas, StoreCommit, StoreState
 
@@ -215,7 +215,7 @@ class SparseStore(BaseAndDeltas):
         offset), per live document."""
         n = self.n_docs
         nnz = sum(int(np.diff(c.rows.indptr)[c.alive].sum()) for c in self.chunks)
-        per_doc = (nnz * (index_dtype(self.spec.dim).itemsize + 4) + 16 * n) / n if n else 0.0
+        per_doc = stored_bytes(nnz, n, self.spec.dim) / n if n else 0.0
         kind = self.factory.resolved(self._stored_bytes())
         return {"bytes_per_doc": per_doc, "tombstones": self._tombstones(), "segments": None, "token_index": False,
                 "index_type": kind if self.factory.kind == kind else f"{self.factory.kind} ({kind})",

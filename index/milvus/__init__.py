@@ -4,7 +4,9 @@
 engine inside this process) or a Milvus server (``http://host:19530``, optional ``token``).
 
 Layout, per embedpool collection ``NAME`` (Milvus collection ``embedpool_<NAME encoded>``,
-:mod:`.names`; fields: :mod:`.schema`): single-vector collections store one row per document.
+:mod:`.names`; fields: :mod:`.schema`): single-vector collections store one row per document;
+sparse ones too, their rows a ``SPARSE_FLOAT_VECTOR`` under Milvus' ``SPARSE_INVERTED_INDEX``
+(inner product: the exact top k among the documents that share a token with the query).
 Multi-vector collections (layout 2, recorded in the manifest as ``milvus_layout``) store one row
 per document with its token vectors packed in the storage precision (float32/float16/int8 codes
 and int8 scales, exactly the FAISS segments' bytes: :mod:`.packed`), split into further rows only
@@ -26,7 +28,7 @@ refused on open with a message that says how to rebuild it.
 
 Versions: the server's version is read at every connect (:mod:`.versions`: Milvus 2.3 through
 2.6 and Milvus Lite; older is refused). What differs -- nullable fields (2.5), INVERTED scalar
-indexes (2.4; Trie before), grouping search (2.4), HNSW_SQ (2.6) -- is used where the server has
+indexes (2.4; Trie before), grouping search (2.4), sparse vectors (2.4), HNSW_SQ (2.6) -- is used where the server has
 it and replaced or refused with a message where it does not. Milvus' own array-of-struct
 ``MAX_SIM`` (servers >= 2.6.4) is not used on any version (the packed layout and embedpool's
 exact MaxSim rank as FAISS does; neither a 2.6 server nor Milvus Lite 3.2 runs here to test a

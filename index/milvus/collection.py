@@ -1,6 +1,7 @@
 """The Milvus collection: the :class:`index.base.CollectionBase` contract over one Milvus
 collection (schema: :mod:`index.milvus.schema`; connection and recovery:
-:mod:`index.milvus.connection`)."""
+:mod:`index.milvus.connection`). Single-vector and sparse collections are one row per document
+(a sparse one's ``vector`` a ``SPARSE_FLOAT_VECTOR``); multi-vector ones are packed rows."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from ..validate import MAX_METADATA_BYTES, topk
 from .clock import InsertionClock
 from .connection import ClientPool, Connection, is_lite, not_loaded
 from .creation import MANIFEST_KEY, create_if_absent, damage, describe, repair
-from .mapping import check_factories, metric, milvus_index, search_params, vector_factory
+from .mapping import check_factories, index_of, metric, milvus_index, search_params
 from .names import milvus_name, pk
 from .packed import Packing
-from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NULLS, SPARSE_FIELD, companion_rows_name,
-                     doc_counts, text_and_metadata, tokens_name, vector_rows, with_stand_ins)
+from .schema import (FETCH_DOCS, LAYOUT, MAX_ID_BYTES, MAX_TEXT_BYTES, NNZ, NULLS, SPARSE_FIELD,
+                     companion_rows_name, doc_counts, sparse_row, stored_sparse, text_and_metadata, tokens_name,
+                     vector_rows, with_stand_ins)
+from ..sparse import row_dicts, stored_bytes
 
 log = logging.getLogger("embedpool.index")
 
@@ -53,12 +56,23 @@ def _batches(rows: list, step: int) -> Iterator[list]:
         yield rows[i:i + max(1, step)]
 
 
-def _byte_batches(rows: list[dict]) -> Iterator[list[dict]]:
-    """Packed document rows in batches of about :data:`_BATCH_BYTES` of codes (one row at least)."""
+def _codes_bytes(row: dict) -> int:
+    """About the bytes of a packed document row (its codes)."""
+    return 256 + sum(map(len, row["codes"]))
+
+
+def _sparse_bytes(row: dict) -> int:
+    """About the bytes of a sparse document row (a token id and a weight per non-zero, its text):
+    rows of a few hundred non-zeros are small, so their texts may be most of a batch."""
+    return 256 + 8 * len(row["vector"]) + len(row["text"] or "")
+
+
+def _byte_batches(rows: list[dict], size_of=_codes_bytes) -> Iterator[list[dict]]:
+    """Rows in batches of about :data:`_BATCH_BYTES` (``size_of`` a row; one row at least)."""
     batch: list[dict] = []
     size = 0
     for r in rows:
-        b = 256 + sum(map(len, r["codes"]))
+        b = size_of(r)
         if batch and size + b > _BATCH_BYTES:
             yield batch
             batch, size = [], 0
@@ -95,7 +109,7 @@ def check_consistency(level: str | None) -> None:
 
 
 class MilvusCollection(CollectionBase):
-    """A single- or multi-vector collection stored in Milvus. Use :meth:`create` / :meth:`open`
+    """A single-vector, multi-vector or sparse collection stored in Milvus. Use :meth:`create` / :meth:`open`
     (or :func:`index.open_collection` with ``backend="milvus"``)."""
 
     backend = "milvus"
@@ -164,6 +178,7 @@ class MilvusCollection(CollectionBase):
         self._manifest = manifest
         self._wlock = ClientPool.write_lock(conn, self._mname)
         self._multi = self.spec.kind == "multi"
+        self._sparse = self.spec.kind == "sparse"
         self._tname = tokens_name(self._mname)  # multi: the token rows
         self._row_colls = [n for n, _ in vector_rows(self._mname, self.spec)]  # token and companion rows
         has_companion = self.spec.companion_pooler is not None
@@ -177,7 +192,7 @@ class MilvusCollection(CollectionBase):
         layout = check_layout(manifest, name, conn.uri)
         self._packing = None if layout is None else Packing(
             self.spec.dim, self.spec.precision, layout["element_chars"], layout["row_elements"])
-        self._search_base = milvus_index(vector_factory(self.spec))[2]
+        self._index_type, _, self._search_base = index_of(self.spec)
         # without nullable fields (a Milvus before 2.5 made it): stand-ins and the nulls field
         self._nulls = NULLS in {f["name"] for f in desc.get("fields", [])}
         self._doc_fields = ["text", "metadata", *([NULLS] if self._nulls else [])]
@@ -230,6 +245,13 @@ class MilvusCollection(CollectionBase):
             self._check_open()
             if self._multi:
                 return self._add_multi(ids, vecs, texts_, meta, seq, comp)
+            if self._sparse:  # checked rows (index.sparse.check_sparse_rows): {token id: weight} each
+                rows = [self._stored({"id": i, "seq": seq + j, "vector": stored_sparse(v, self.spec.dim),
+                                      NNZ: len(v), "text": t, "metadata": m})
+                        for j, (i, v, t, m) in enumerate(zip(ids, row_dicts(vecs), texts_, meta))]
+                for b in _byte_batches(rows, _sparse_bytes):
+                    self._rpc(f"upsert into {self.name!r}", "upsert", b)
+                return
             rows = [self._stored({"id": i, "seq": seq + j, "vector": vecs[j], "text": t, "metadata": m})
                     for j, (i, t, m) in enumerate(zip(ids, texts_, meta))]
             self._upsert_vectors(rows, None, self.spec.dim)
@@ -370,10 +392,11 @@ class MilvusCollection(CollectionBase):
         if self._closed:
             raise InvalidError(f"collection {self.name!r} is closed")
 
-    def _ann(self, x: np.ndarray, k: int, output_fields: list[str], coll: str | None = None,
+    def _ann(self, x: Any, k: int, output_fields: list[str], coll: str | None = None,
              **kwargs: Any) -> list[list[dict]]:
-        """Top-``k`` rows per query: documents (single), token rows (``coll``), or companion
-        rows (``coll=self._cname``, inner product; ``kwargs``: e.g. ``group_by_field``)."""
+        """Top-``k`` rows per query (``x``: a ``[q, dim]`` array, or a sparse collection's
+        ``{token id: weight}`` dicts): documents (single, sparse), token rows (``coll``), or
+        companion rows (``coll=self._cname``, inner product; ``kwargs``: e.g. ``group_by_field``)."""
         limit = min(k, MAX_TOPK)
         companion = coll is not None and coll == self._cname
         metric_type = "IP" if companion else metric(self.spec)
@@ -397,10 +420,25 @@ class MilvusCollection(CollectionBase):
         return sorted(r[field] for r in self._scan(self._expr(flt), [field]))
 
     def _search_single(self, x: np.ndarray, k: int, flt: Node | None = None) -> list[list[Hit]]:
-        if not len(x):
+        if not x.shape[0]:
             return []
-        res = self._filtered_ann(x, k, self._doc_fields, flt)
-        return [[Hit(h["id"], float(h["distance"]), *text_and_metadata(h["entity"])) for h in row] for row in res]
+        if self._sparse:  # a CSR matrix of checked queries
+            return self._search_sparse(row_dicts(x), k, flt)
+        return [_doc_hits(row) for row in self._filtered_ann(x, k, self._doc_fields, flt)]
+
+    def _search_sparse(self, queries: list[dict[int, float]], k: int, flt: Node | None) -> list[list[Hit]]:
+        """Top-k of sparse queries by the sparse inverted index (:data:`.mapping.SPARSE_INDEX`,
+        inner product), the filter inside the search: every document that shares a token with a
+        query is scored, so the hits are the exact top k among them (a document that shares
+        none scores 0 and is not answered, as with Seismic on the FAISS backend). A query
+        without a non-zero weight shares no token: no hits, and Milvus is not asked."""
+        out: list[list[Hit]] = [[] for _ in queries]
+        asked = [j for j, q in enumerate(queries) if q]
+        if asked:
+            res = self._ann([queries[j] for j in asked], k, self._doc_fields, filter=self._expr(flt))
+            for j, row in zip(asked, res):
+                out[j] = _doc_hits(row)
+        return out
 
     def _filtered_ann(self, x: np.ndarray, k: int, fields: list[str], flt: Node | None) -> list[list[dict]]:
         """Single-vector top-k with the filter in Milvus' search. An approximate index (HNSW,
@@ -409,7 +447,7 @@ class MilvusCollection(CollectionBase):
         with their vectors, when they are at most :data:`MAX_IN_IDS`."""
         expr = self._expr(flt)
         res = [list(r) for r in self._ann(x, k, fields, filter=expr)]
-        if flt is None or milvus_index(self.spec.factory)[0] == "FLAT":
+        if flt is None or self._index_type == "FLAT":
             return res
         short = [j for j, r in enumerate(res) if len(r) < min(k, MAX_TOPK)]
         if not short:
@@ -614,8 +652,9 @@ class MilvusCollection(CollectionBase):
         return {r["doc_id"]: r for r in self._get([pk(d, 0) for d in doc_ids], ["doc_id", *fields])}
 
     def get(self, id: str) -> dict[str, Any]:
-        """``{id, text, metadata, vector}`` (single) or ``{id, text, metadata, vectors}`` (multi;
-        with ``companion``, its ``[r, companion_dim]`` rows, where the collection keeps them)."""
+        """``{id, text, metadata, vector}`` (single; sparse: ``vector`` is ``{indices, values}``)
+        or ``{id, text, metadata, vectors}`` (multi; with ``companion``, its ``[r, companion_dim]``
+        rows, where the collection keeps them)."""
         self._check_open()
         heads: list[dict] = []
         if isinstance(id, str) and id:
@@ -628,6 +667,9 @@ class MilvusCollection(CollectionBase):
         h = heads[0]
         text, meta = text_and_metadata(h)
         out: dict[str, Any] = {"id": id, "text": text, "metadata": meta}
+        if self._sparse:
+            out["vector"] = dict(zip(("indices", "values"), sparse_row(h["vector"], self.spec.dim)))
+            return out
         if not self._multi:
             out["vector"] = np.asarray(h["vector"], dtype=np.float32)
             return out
@@ -676,18 +718,29 @@ class MilvusCollection(CollectionBase):
     def stats(self) -> dict[str, Any]:
         """See :class:`index.base.Stats`: bytes_per_doc is the vector storage per document in
         Milvus, index overhead not included (multi: the packed codes in the storage precision
-        plus the float32 token rows of the token ANN); bytes_on_disk is unknown (``None``);
-        tombstones always 0 (Milvus compacts by itself)."""
+        plus the float32 token rows of the token ANN; sparse: as the FAISS backend counts its
+        rows, :func:`index.sparse.stored_bytes` of the documents' non-zeros, which it reads from
+        every row's ``nnz``); bytes_on_disk is unknown (``None``); tombstones always 0 (Milvus
+        compacts by itself)."""
         self._check_open()
         c = self._counts()
         comp_rows = None if self._cname is None else self._count("", self._cname)
-        per_vec = 4 * self.spec.dim + (bytes_per_vector(self.spec.dim, self.spec.precision) if self._multi else 0)
-        size = per_vec * c["vectors"] + 4 * self.spec.companion_dim * (comp_rows or 0)
+        if self._sparse:
+            nnz = sum(r[NNZ] for r in self._scan("", [NNZ])) if c["documents"] else 0
+            size = stored_bytes(nnz, c["documents"], self.spec.dim)
+        else:
+            per_vec = 4 * self.spec.dim + (bytes_per_vector(self.spec.dim, self.spec.precision) if self._multi else 0)
+            size = per_vec * c["vectors"] + 4 * self.spec.companion_dim * (comp_rows or 0)
         return make_stats(documents=c["documents"], vectors=c["vectors"], bytes_on_disk=None,
                           bytes_per_doc=size / c["documents"] if c["documents"] else 0.0, tombstones=0,
                           segments=None, token_index=self._multi,
-                          index_type=milvus_index(vector_factory(self.spec))[0], backend=self.backend,
+                          index_type=self._index_type, backend=self.backend,
                           location=f"Milvus at {self.uri}", companion_rows=comp_rows)
+
+
+def _doc_hits(row: list[dict]) -> list[Hit]:
+    """The hits of one query's search of document rows (single-vector, sparse)."""
+    return [Hit(h["id"], float(h["distance"]), *text_and_metadata(h["entity"])) for h in row]
 
 
 def _distinct_docs(hits: list[dict], k: int, keep: set[str] | None = None) -> list[str]:

@@ -1,5 +1,6 @@
 """FAISS factory string -> the equivalent Milvus index, with the FAISS backend's search defaults,
-so a spec means the same index on both backends."""
+so a spec means the same index on both backends; a sparse collection's factory -> Milvus' sparse
+inverted index (:func:`sparse_index`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from embedpool.errors import InvalidError
 from ..faiss.single import HNSW_EF_SEARCH, default_nprobe
+from ..sparse import parse_sparse_factory
 from ..spec import CollectionSpec
 
 HNSW_EF_CONSTRUCTION = 40  # FAISS' default, so both backends build the same graph quality
@@ -41,6 +43,30 @@ def milvus_index(factory: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
         "('IDMap2,Flat'), 'HNSW<M>', 'HNSW<M>_SQ8', 'IVF<n>,Flat', 'IVF<n>,SQ8' or 'IVF<n>,PQ<m>'", param="factory")
 
 
+#: the index of a sparse collection's rows: every row that shares a token with the query is scored
+#: (no posting list pruned: Milvus' defaults, ``drop_ratio_build``/``drop_ratio_search`` 0), so
+#: its top k are the exact dot product's among the documents that share a token with the query
+SPARSE_INDEX = "SPARSE_INVERTED_INDEX"
+
+
+def sparse_index(factory: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(index_type, build params, search params)`` of a sparse collection's ``factory`` on
+    Milvus: ``auto`` and ``exact`` are :data:`SPARSE_INDEX`; Seismic runs on the FAISS backend
+    only (:class:`InvalidError` naming ``factory``)."""
+    if parse_sparse_factory(factory).kind == "seismic":
+        raise InvalidError(
+            f"factory {factory!r}: Seismic runs on the FAISS backend only; with backend='milvus' a sparse "
+            f"collection is searched by Milvus' {SPARSE_INDEX} (exact dot products): use 'auto' or 'exact'",
+            param="factory")
+    return SPARSE_INDEX, {}, {}
+
+
+def index_of(spec: CollectionSpec) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """:func:`milvus_index` of the indexed vectors of ``spec`` (documents, or a multi-vector
+    collection's tokens), or a sparse collection's :func:`sparse_index`."""
+    return sparse_index(spec.factory) if spec.kind == "sparse" else milvus_index(vector_factory(spec))
+
+
 def vector_factory(spec: CollectionSpec) -> str:
     """The factory of the indexed vectors: documents (single) or their tokens (multi)."""
     return spec.token_factory if spec.kind == "multi" else spec.factory
@@ -48,11 +74,12 @@ def vector_factory(spec: CollectionSpec) -> str:
 
 def check_factories(spec: CollectionSpec) -> None:
     """Every FAISS factory of ``spec`` that a Milvus collection maps has a Milvus equivalent
-    (:class:`InvalidError` naming the field): the indexed vectors' and the companion rows'. A
-    sparse collection is refused (naming ``kind``): this backend does not store sparse rows yet."""
+    (:class:`InvalidError` naming the field): the indexed vectors' and the companion rows'; a
+    sparse collection's factory has a Milvus sparse index (:func:`sparse_index`). Whether the
+    server has sparse vectors at all is the schema's check (:meth:`.versions.MilvusFeatures.check_sparse`)."""
     if spec.kind == "sparse":
-        raise InvalidError("kind: sparse collections are stored by the FAISS backend only so far (--backend faiss, "
-                           "EMBEDPOOL_BACKEND=faiss); Milvus' SPARSE_FLOAT_VECTOR is not wired in", param="kind")
+        sparse_index(spec.factory)
+        return
     fields = [("factory" if spec.kind == "single" else "token_factory", vector_factory(spec))]
     if spec.companion_pooler is not None:
         fields.append(("companion_factory", spec.companion_factory))

@@ -2,6 +2,13 @@
 
 * single: one row per document -- ``id`` (VARCHAR primary key = external id), ``seq`` (insertion
   order), ``vector``, ``text`` (nullable), ``metadata`` (nullable JSON).
+* sparse: the same row with ``vector`` a ``SPARSE_FLOAT_VECTOR`` (the document's token ids and
+  weights, indexed by :data:`.mapping.SPARSE_INDEX`, inner product) and ``nnz`` (INT32, its
+  count of non-zero weights: what ``stats()`` sums for bytes per document). Milvus stores no
+  empty sparse vector, so a row without a non-zero weight is stored as :func:`empty_row`: token
+  id ``dim``, outside the vocabulary, which no query has (every query is checked against it), so
+  it adds nothing to a score; :func:`sparse_row` reads it back as an empty row. A server needs
+  Milvus 2.4 or later for sparse vectors (:mod:`.versions`).
 * on a Milvus without nullable fields (servers before 2.5, :mod:`.versions`), ``text`` and
   ``metadata`` are not nullable: a missing one is stored as ``""`` / ``{}`` and one more field,
   ``nulls`` (INT8), has bit 1 set for a missing text and bit 2 for missing metadata
@@ -53,11 +60,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..filters import user_metadata
 from ..lexical import milvus_analyzer, parse_analyzer
 from ..spec import CollectionSpec
 from ..validate import MAX_ID_BYTES
-from .mapping import metric, milvus_index, vector_factory
+from .mapping import index_of, metric
 from .versions import MilvusFeatures
 
 MAX_TEXT_BYTES = 65_535
@@ -71,6 +80,7 @@ TOKENS_SUFFIX = "__tokens"
 SPARSE_FIELD = "sparse"  # BM25 vectors of the text (full text)
 COMPANION_SUFFIX = "__companion"
 NULLS = "nulls"  # without nullable fields: bit 1 = no text, bit 2 = no metadata
+NNZ = "nnz"  # sparse: the row's count of non-zero weights
 _NO_TEXT, _NO_METADATA = 1, 2
 
 
@@ -130,9 +140,26 @@ def text_and_metadata(row: dict) -> tuple[str | None, Any]:
             None if nulls & _NO_METADATA else user_metadata(row.get("metadata")))
 
 
+def empty_row(dim: int) -> dict[int, float]:
+    """The stand-in of a sparse row without a non-zero weight (module docstring)."""
+    return {dim: 1.0}
+
+
+def stored_sparse(row: dict[int, float], dim: int) -> dict[int, float]:
+    """A sparse row as a collection of vocabulary ``dim`` stores it (:func:`empty_row` for an empty one)."""
+    return row or empty_row(dim)
+
+
+def sparse_row(stored: dict[int, float], dim: int) -> tuple[Any, Any]:
+    """``(indices int64, values float32)`` of a stored sparse row, ascending token ids, without
+    :func:`empty_row`'s stand-in."""
+    pairs = sorted((int(i), float(v)) for i, v in stored.items() if int(i) < dim)
+    return (np.array([i for i, _ in pairs], np.int64), np.array([v for _, v in pairs], np.float32))
+
+
 def _index(client: Any, field: str, spec: CollectionSpec, features: MilvusFeatures) -> Any:
-    index_type, params, _ = milvus_index(vector_factory(spec))
-    features.check_index_type(index_type, "factory" if spec.kind == "single" else "token_factory")
+    index_type, params, _ = index_of(spec)
+    features.check_index_type(index_type, "token_factory" if spec.kind == "multi" else "factory")
     index_params = client.prepare_index_params()
     # pymilvus 3 sends build parameters as flat key/values, Milvus Lite 3.2 reads only the legacy
     # "params" JSON key (servers read both): send both
@@ -163,6 +190,12 @@ def schema(client: Any, spec: CollectionSpec, features: MilvusFeatures) -> tuple
         sch.add_field("codes", DataType.ARRAY, element_type=DataType.VARCHAR,
                       max_capacity=ROW_ELEMENTS, max_length=ELEMENT_CHARS)
         sch.add_field("stub", DataType.FLOAT_VECTOR, dim=2)
+    elif spec.kind == "sparse":
+        features.check_sparse()  # before anything is made: a 2.3 server has no sparse vectors
+        sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+        sch.add_field("seq", DataType.INT64)
+        sch.add_field("vector", DataType.SPARSE_FLOAT_VECTOR)
+        sch.add_field(NNZ, DataType.INT32)
     else:
         sch.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         sch.add_field("seq", DataType.INT64)

@@ -19,6 +19,9 @@ INVERTED scalar index       2.4        ``Trie`` on the VARCHAR ``doc_id`` (2.3 r
                                        INVERTED: "index type not match")
 grouping search             2.4        over-fetching plain searches (the collection
                                        already falls back when a server refuses one)
+sparse vectors              2.4        a sparse collection (``SPARSE_FLOAT_VECTOR``,
+                                       ``SPARSE_INVERTED_INDEX``) is refused on create,
+                                       naming ``kind``, the version and the FAISS backend
 full-text search (BM25)     2.5        (for the lexical part of a collection)
 HNSW_SQ vector index        2.6        a factory ``HNSW<M>_SQ8`` is refused on create,
                                        naming the version and the factories that work
@@ -29,7 +32,7 @@ array of struct + MAX_SIM   2.6.4      not used on any version: multi-vector doc
                                        layout that no server here (2.3, Lite) can run
 ==========================  =========  ===================================================
 
-Milvus Lite 3.2 has nullable fields and INVERTED indexes; it has no query iterator (the
+Milvus Lite 3.2 has nullable fields, INVERTED indexes and sparse vectors; it has no query iterator (the
 collection scans by primary-key pages there) and groups only the best rows of a search.
 """
 
@@ -45,6 +48,8 @@ log = logging.getLogger("embedpool.index")
 
 OLDEST = (2, 3, 0)
 NEWEST = (2, 6)  # the newest minor release this table knows
+#: the first server version with sparse float vectors (Milvus 2.4 release notes)
+SPARSE_SINCE = (2, 4, 0)
 #: the most rows a Milvus server returns from one query (its queryNode.maxQueryResultWindow default)
 SERVER_QUERY_WINDOW = 16_384
 
@@ -59,6 +64,7 @@ class MilvusFeatures:
     nullable: bool  #: nullable scalar fields
     inverted_index: bool  #: INVERTED scalar indexes (else Trie for VARCHAR)
     group_by: bool  #: grouping search (``group_by_field``)
+    sparse: bool  #: sparse float vectors (``SPARSE_FLOAT_VECTOR``) and their inverted index
     full_text: bool  #: BM25 full-text search (functions)
     hnsw_sq: bool  #: the HNSW_SQ vector index
     struct_max_sim: bool  #: array-of-struct fields with MAX_SIM search
@@ -82,6 +88,16 @@ class MilvusFeatures:
                 f"{field}: the HNSW_SQ index (factory 'HNSW<M>_SQ8') needs Milvus 2.6 or later, and the "
                 f"server is {self.name}; use 'HNSW<M>' (or 'IVF<n>,SQ8' for 8-bit codes)", param=field)
 
+    def check_sparse(self) -> None:
+        """Refuse a sparse collection where the server has no sparse vectors, naming ``kind``."""
+        if not self.sparse:
+            raise InvalidError(
+                f"kind: sparse collections are stored as SPARSE_FLOAT_VECTOR rows, which need "
+                f"{'Milvus Lite 2.5' if self.lite else 'Milvus ' + '.'.join(map(str, SPARSE_SINCE[:2]))} or later, "
+                f"and the server is {self.name}; upgrade the "
+                "server, or keep the collection in the FAISS backend (--backend faiss, EMBEDPOOL_BACKEND=faiss)",
+                param="kind")
+
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -101,7 +117,7 @@ def features_of(reported: str) -> MilvusFeatures:
         version = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
     if lite:
         return MilvusFeatures(reported, True, version, nullable=True, inverted_index=True, group_by=True,
-                              full_text=version >= (2, 5, 0), hnsw_sq=False, struct_max_sim=False,
+                              sparse=version >= (2, 5, 0), full_text=version >= (2, 5, 0), hnsw_sq=False, struct_max_sim=False,
                               query_window=0)
     if version < OLDEST:
         raise UnavailableError(
@@ -112,5 +128,6 @@ def features_of(reported: str) -> MilvusFeatures:
                     "using what %d.%d has", reported, *NEWEST, *NEWEST)
     return MilvusFeatures(reported, False, version, nullable=version >= (2, 5, 0),
                           inverted_index=version >= (2, 4, 0), group_by=version >= (2, 4, 0),
+                          sparse=version >= SPARSE_SINCE,
                           full_text=version >= (2, 5, 0), hnsw_sq=version >= (2, 6, 0),
                           struct_max_sim=version >= (2, 6, 4), query_window=SERVER_QUERY_WINDOW)

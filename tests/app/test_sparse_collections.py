@@ -3,17 +3,22 @@ real API server (uvicorn, conftest.py) and the indexing job, on the tiny random-
 model (splade_testutil.py). They take documents, find them by the exact dot product of the
 weights (sentence-transformers' SparseEncoder on the same folder is the reference), replace and
 delete them, and store (token id, weight) pairs: bytes per document far below the vocabulary's
-4 bytes an entry that the dense collection of the same pooler takes."""
+4 bytes an entry that the dense collection of the same pooler takes. On the Milvus backend (Milvus
+Lite under a server in this process) too."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
 from embedpool.app.datasets import Record
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Search, retrieve
+from embedpool.app.server import create_app
+from embedpool.app.settings import Settings
 from embedpool.index import open_collection
+from server_testutil import Uvicorn
 
 DOCS = {"cat": "the cat sat on the mat", "market": "stock market fell and investors sold shares",
         "rain": "heavy rain and storm for the weekend", "dog": "a dog sat with the cat"}
@@ -111,14 +116,20 @@ def test_kind_sparse_is_for_sparse_poolers(server):
         assert r.status_code == 422 and r.json()["param"] == "kind" and "dense vectors" in r.text
 
 
+@pytest.mark.parametrize("backend", ["faiss", "milvus"])
 def test_the_indexing_job_makes_the_same_sparse_collection_and_search_finds_it(splade_server, splade_embedder,
-                                                                                exact, tmp_path):
+                                                                                exact, tmp_path, backend):
+    """On both backends (Milvus: Milvus Lite); a rerun resumes from the state the job committed
+    in the collection: nothing left to index."""
     scores, dense = exact
     records = [Record(k, t) for k, t in DOCS.items()]
-    with IndexJob(splade_embedder, tmp_path, "sparse-job", ["splade"], commit_every=2, progress=False) as job:
-        summary = job.run(iter(records))
-    assert summary["collections"][0]["kind"] == "sparse"
-    with open_collection(tmp_path, "sparse-job") as coll:
+    where = {"backend": backend, "milvus_uri": str(tmp_path / "milvus.db")}
+    for run, want in enumerate((len(DOCS), 0)):
+        with IndexJob(splade_embedder, tmp_path, "sparse-job", ["splade"], commit_every=2, progress=False,
+                      **where) as job:
+            summary = job.run(iter(records))
+        assert summary["collections"][0]["kind"] == "sparse" and summary["indexed_this_run"] == want, run
+    with open_collection(tmp_path, "sparse-job", **where) as coll:
         assert coll.spec.kind == "sparse" and coll.spec.factory == "auto" and len(coll) == len(DOCS)
         st = coll.stats()
         assert st["bytes_per_doc"] == pytest.approx(np.count_nonzero(dense, axis=1).mean() * 6 + 16)
@@ -127,3 +138,42 @@ def test_the_indexing_job_makes_the_same_sparse_collection_and_search_finds_it(s
             assert h[0].id == list(QUERIES.values())[i]
             np.testing.assert_allclose([{x.id: x.score for x in h}[k] for k in DOCS], scores[i], rtol=1e-4,
                                        atol=1e-6)
+
+
+def test_a_splade_collection_made_over_http_on_milvus_accepts_and_finds_documents(splade_embedder, exact, tmp_path):
+    """The same HTTP path on the Milvus backend (Milvus Lite: SPARSE_FLOAT_VECTOR rows under
+    Milvus' sparse inverted index): the same scores, bytes per document and rows as the FAISS
+    collection above, replace, delete, a filter and hybrid search."""
+    scores, dense = exact
+    settings = Settings(data_dir=str(tmp_path), precision="fp32", backend="milvus",
+                        milvus_uri=str(tmp_path / "milvus.db"))
+    with Uvicorn(create_app(settings, embedder=splade_embedder)) as url, \
+            httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post("/collections", json={"name": "sparse-milvus", "pooler": "splade"})
+        assert r.status_code == 201, r.text
+        assert (r.json()["kind"], r.json()["factory"]) == ("sparse", "auto")
+        r = c.post("/collections/sparse-milvus/documents",
+                   json=[{"id": k, "text": t, "metadata": {"n": j}} for j, (k, t) in enumerate(DOCS.items())])
+        assert r.status_code == 200, r.text
+        for i, got in enumerate(_search(c, "sparse-milvus")):
+            assert max(got, key=got.get) == list(QUERIES.values())[i]
+            np.testing.assert_allclose([got[k] for k in got], [scores[i][list(DOCS).index(k)] for k in got],
+                                       rtol=1e-4, atol=1e-6)
+        info = c.get("/collections/sparse-milvus").json()
+        assert info["stats"]["index_type"] == "SPARSE_INVERTED_INDEX"
+        assert info["stats"]["bytes_per_doc"] == pytest.approx(np.count_nonzero(dense, axis=1).mean() * 6 + 16)
+        doc = c.get("/collections/sparse-milvus/documents/cat", params={"include_vector": True}).json()
+        assert doc["vector"]["indices"] == np.flatnonzero(dense[0]).tolist()
+        r = c.post("/collections/sparse-milvus/search",
+                   json={"queries": ["the cat sat"], "k": 4, "filter": {"n": {"$gte": 2}}})
+        assert r.status_code == 200 and [h["id"] for h in r.json()["results"][0]][:1] == ["dog"], r.text
+        r = c.post("/collections/sparse-milvus/search", json={"queries": ["rain storm"], "k": 1, "mode": "hybrid"})
+        assert r.status_code == 200 and r.json()["results"][0][0]["id"] == "rain", r.text
+
+        r = c.post("/collections/sparse-milvus/documents", json=[{"id": "market", "text": "the cat sat on the mat"}])
+        assert r.status_code == 200, r.text
+        assert c.delete("/collections/sparse-milvus/documents/cat").status_code == 200
+        got = _search(c, "sparse-milvus")
+        assert "cat" not in got[1] and got[1]["market"] == pytest.approx(scores[1][0], rel=1e-4)
+        assert c.get("/collections/sparse-milvus").json()["documents"] == 3
+        assert c.delete("/collections/sparse-milvus").status_code == 200

@@ -553,12 +553,24 @@ def _sparse_rows(rng, n):
             for _ in range(n)]
 
 
+def _has_sparse_vectors(where) -> bool:
+    """FAISS folders and Milvus Lite store sparse rows; a Milvus server from 2.4 on."""
+    if where["backend"] != "milvus":
+        return True
+    conn = ClientPool.acquire(where["milvus_uri"], None)
+    try:
+        return conn.features.sparse
+    finally:
+        ClientPool.release(conn)
+
+
 def test_sparse_collections_keep_the_contract_or_are_refused_naming_kind(where):
     """A sparse collection (token id, weight rows) keeps the same stats keys, writes, deletes,
-    filters and reopening as the other kinds where the backend stores sparse rows; a backend
-    that does not refuses to create one, naming ``kind``, and leaves nothing behind."""
-    if where["backend"] == "milvus":
-        with pytest.raises(InvalidError, match="sparse collections are stored by the FAISS backend only") as e:
+    filters and reopening as the other kinds where the backend stores sparse rows (FAISS, Milvus
+    Lite); a Milvus without sparse vectors (the 2.3 server) refuses to create one, naming
+    ``kind``, its version and the version needed, and leaves nothing behind."""
+    if not _has_sparse_vectors(where):
+        with pytest.raises(InvalidError, match=r"need Milvus 2\.4 or later, and the server is Milvus 2\.3") as e:
             _open(where, "sp", SPARSE)
         assert e.value.param == "kind"
         kw = dict(where)
@@ -573,10 +585,19 @@ def test_sparse_collections_keep_the_contract_or_are_refused_naming_kind(where):
         coll.add(ids, rows, texts=[f"text {i}" for i in ids], metadata=[{"i": i} for i in range(12)])
         coll.commit()
         st = coll.stats()
-        assert (st["documents"], st["vectors"]) == (12, 12) and st["bytes_per_doc"] > 0
+        assert (st["documents"], st["vectors"]) == (12, 12)
+        assert st["bytes_per_doc"] == pytest.approx(5 * 6 + 16)  # uint16 token id + float32 weight, + 16
         assert coll.manifest["counts"] == {"documents": 12, "vectors": 12}
         assert coll.search([rows[3]], k=1)[0][0].id == "d3"
-        assert {h.id for h in coll.search([rows[3]], k=12, filter={"i": {"$gte": 10}})[0]} == {"d10", "d11"}
+        every = {"indices": list(range(SPARSE.dim)), "values": [1.0] * SPARSE.dim}  # shares a token with all
+        assert {h.id for h in coll.search([every], k=12, filter={"i": {"$gte": 10}})[0]} == {"d10", "d11"}
+        got = coll.get("d4")["vector"]
+        order = np.argsort(rows[4]["indices"])
+        assert got["indices"].tolist() == np.asarray(rows[4]["indices"])[order].tolist()
+        np.testing.assert_allclose(got["values"], np.asarray(rows[4]["values"], np.float32)[order])
+        coll.add(["d4"], [{"indices": [], "values": []}], metadata=[{"i": 4}])  # no non-zero weight
+        assert coll.get("d4")["vector"]["indices"].tolist() == [] and len(coll) == 12
+        assert "d4" not in {h.id for h in coll.search([every], k=12)[0] if h.score > 0}
         coll.delete(["d3"])
         coll.commit()
         assert "d3" not in {h.id for h in coll.search([rows[3]], k=12)[0]}
@@ -595,3 +616,38 @@ def test_sparse_collections_keep_the_contract_or_are_refused_naming_kind(where):
         assert coll.search([rows[5]], k=1, mode="hybrid", texts=["text d5"])[0][0].id == "d5"
     finally:
         coll.close()
+
+
+BAD_SPARSE = [
+    ([{"indices": [1, 2], "values": [0.5, -0.1]}], InvalidError, "negative weight -0.1 \\(token id 2\\)"),
+    ([{"indices": [1], "values": [float("nan")]}], InvalidError, "weight of nan"),
+    ([{"indices": [1], "values": [float("inf")]}], InvalidError, "weight of inf"),
+    ([{"indices": [SPARSE.dim], "values": [1.0]}], InvalidError, f"token id {SPARSE.dim}, outside the collection's"),
+    ([{"indices": [4, 4], "values": [1.0, 2.0]}], InvalidError, "token id 4 twice"),
+    (np.ones((1, SPARSE.dim), np.float32), ConflictError, "is sparse: give one {indices, values} row"),
+]
+
+
+def test_bad_sparse_rows_and_the_wrong_kind_of_vectors_are_refused_alike(where):
+    """Every backend refuses the same bad rows with the same error naming the field (the one
+    check, :func:`embedpool.index.check_sparse_rows`), with nothing of the batch stored; sparse
+    rows sent to a dense collection are refused as well (also where Milvus has no sparse vectors)."""
+    rng = np.random.default_rng(8)
+    if _has_sparse_vectors(where):
+        with _open(where, "bad", SPARSE) as coll:
+            coll.add(["keep"], _sparse_rows(rng, 1))
+            for rows, error, match in BAD_SPARSE:
+                with pytest.raises(error, match=match) as e:
+                    coll.add(["ok", "bad"], _sparse_rows(rng, 1) + list(rows))
+                assert e.value.param == "vectors"
+                with pytest.raises(error, match=match) as e:
+                    coll.search(list(rows), k=1)
+                assert e.value.param == "queries"
+            assert coll.ids() == ["keep"]
+    with _open(where, "dense", SINGLE) as coll:
+        with pytest.raises(ConflictError, match="not sparse \\{indices, values\\} rows") as e:
+            coll.add(["x"], _sparse_rows(rng, 1))
+        assert e.value.param == "vectors" and len(coll) == 0
+        with pytest.raises(ConflictError, match="not sparse") as e:
+            coll.search(_sparse_rows(rng, 1), k=1)
+        assert e.value.param == "queries"

@@ -26,6 +26,7 @@ from embedpool.index import CollectionSpec, list_collections, open_collection
 from embedpool.index.milvus import ClientPool, connection, creation, milvus_name, versions
 from embedpool.index.milvus.schema import NULLS, schema
 from embedpool.index.milvus.versions import features_of
+from pymilvus import DataType
 from index_testutil import rand_docs, rand_unit
 
 DIM = 8
@@ -33,19 +34,20 @@ SINGLE = CollectionSpec(kind="single", model="m", pooler="mean", dim=DIM)
 MULTI = CollectionSpec(kind="multi", model="m", pooler="tokens", dim=DIM, token_factory="Flat")
 COMPANION = CollectionSpec(**{**MULTI.to_dict(), "companion_pooler": "mean", "companion_dim": 6,
                               "companion_rows": "document"})
+SPARSE = CollectionSpec(kind="sparse", model="m", pooler="splade", dim=50, normalized=False, factory="auto")
 
 
 # ------------------------------------------------------------------ the version table
 @pytest.mark.parametrize("reported, want", [
-    ("v2.3.5", dict(nullable=False, inverted_index=False, group_by=False, full_text=False, hnsw_sq=False,
+    ("v2.3.5", dict(nullable=False, inverted_index=False, group_by=False, sparse=False, full_text=False,
+                    hnsw_sq=False, struct_max_sim=False)),
+    ("v2.4.13-hotfix", dict(nullable=False, inverted_index=True, group_by=True, sparse=True, full_text=False,
+                            hnsw_sq=False, struct_max_sim=False)),
+    ("v2.5.4", dict(nullable=True, inverted_index=True, group_by=True, sparse=True, full_text=True, hnsw_sq=False,
                     struct_max_sim=False)),
-    ("v2.4.13-hotfix", dict(nullable=False, inverted_index=True, group_by=True, full_text=False, hnsw_sq=False,
-                            struct_max_sim=False)),
-    ("v2.5.4", dict(nullable=True, inverted_index=True, group_by=True, full_text=True, hnsw_sq=False,
+    ("v2.6.3", dict(nullable=True, inverted_index=True, group_by=True, sparse=True, full_text=True, hnsw_sq=True,
                     struct_max_sim=False)),
-    ("v2.6.3", dict(nullable=True, inverted_index=True, group_by=True, full_text=True, hnsw_sq=True,
-                    struct_max_sim=False)),
-    ("v2.6.16", dict(nullable=True, inverted_index=True, group_by=True, full_text=True, hnsw_sq=True,
+    ("v2.6.16", dict(nullable=True, inverted_index=True, group_by=True, sparse=True, full_text=True, hnsw_sq=True,
                      struct_max_sim=True)),
     ("Zilliz Cloud Vector Database(Compatible with Milvus 2.5)", dict(nullable=True, inverted_index=True)),
 ])
@@ -59,7 +61,7 @@ def test_features_by_version(reported, want):
 def test_milvus_lite_and_versions_out_of_range(caplog):
     lite = features_of("milvus_lite-3.2.2")
     assert lite.lite and lite.name == "Milvus Lite 3.2.2"
-    assert lite.nullable and lite.inverted_index and lite.query_window == 0 and not lite.struct_max_sim
+    assert lite.nullable and lite.inverted_index and lite.sparse and lite.query_window == 0 and not lite.struct_max_sim
     with pytest.raises(UnavailableError, match=r"Milvus 2\.2\.16 is older .*\(2\.3 through 2\.6"):
         features_of("v2.2.16")
     with caplog.at_level(logging.WARNING, "embedpool.index"):
@@ -97,6 +99,24 @@ def test_schemas_by_version(lite_client, reported):
         indexes = {i.field_name: i.index_type for i in index_params}
         if spec.kind == "multi":
             assert indexes["doc_id"] == ("INVERTED" if reported >= "v2.4" else "Trie")
+
+
+@pytest.mark.parametrize("reported", ["v2.3.5", "v2.4.0", "v2.6.16", "milvus_lite-3.2.2"])
+def test_a_sparse_collection_needs_sparse_vectors(lite_client, reported):
+    """Sparse rows are a SPARSE_FLOAT_VECTOR under a SPARSE_INVERTED_INDEX of inner products from
+    Milvus 2.4 (and on Milvus Lite); a 2.3 server's schema is refused naming ``kind``, the
+    server's version and the version needed."""
+    f = features_of(reported)
+    if f.version[:2] == (2, 3):
+        with pytest.raises(InvalidError, match=r"kind: sparse .* need Milvus 2\.4 or later, and the server is "
+                                               r"Milvus 2\.3\.5; .*--backend faiss") as e:
+            schema(lite_client, SPARSE, f)
+        assert e.value.param == "kind"
+        return
+    sch, index_params = schema(lite_client, SPARSE, f)
+    assert {fld.name: fld.dtype for fld in sch.fields}["vector"] == DataType.SPARSE_FLOAT_VECTOR
+    indexes = {i.field_name: i.get_index_configs() for i in index_params}
+    assert (indexes["vector"]["index_type"], indexes["vector"]["metric_type"]) == ("SPARSE_INVERTED_INDEX", "IP")
 
 
 # ------------------------------------------------------------------ each path, run for real
@@ -141,6 +161,20 @@ def test_missing_text_and_metadata_without_nullable_fields(tmp_path, monkeypatch
 def test_missing_text_and_metadata_with_nullable_fields(tmp_path):
     for kind, fields in _roundtrip(str(tmp_path / "n.db")).items():
         assert NULLS not in fields, kind
+
+
+def test_a_milvus_without_sparse_vectors_refuses_a_sparse_collection_and_makes_nothing(tmp_path, monkeypatch):
+    """Milvus Lite taken as a server without sparse vectors (injected): the creation is refused
+    before anything is made; the real Lite makes the same collection."""
+    uri = str(tmp_path / "s.db")
+    _inject(monkeypatch, sparse=False, lite=False, version=(2, 3, 5))
+    with pytest.raises(InvalidError, match=r"need Milvus 2\.4 or later, and the server is Milvus 2\.3\.5") as e:
+        open_collection("unused", "sp", SPARSE, backend="milvus", milvus_uri=uri)
+    assert e.value.param == "kind" and _raw_names(uri) == []
+    monkeypatch.undo()
+    with open_collection("unused", "sp", SPARSE, backend="milvus", milvus_uri=uri) as coll:
+        coll.add(["a"], [{"indices": [3, 7], "values": [0.5, 1.0]}])
+        assert coll.search([{"indices": [7], "values": [2.0]}], k=1)[0][0].score == 2.0
 
 
 # ------------------------------------------------------------------ all-or-nothing creation
@@ -280,6 +314,15 @@ def test_the_2_3_server_stores_missing_values_and_indexes_doc_id_with_trie(milvu
         assert index["index_type"].lower() == "trie", index
     finally:
         _drop_all(milvus_server.uri)
+
+
+@pytest.mark.slow
+def test_the_2_3_server_refuses_a_sparse_collection_naming_both_versions(milvus_server):
+    uri = milvus_server.uri
+    with pytest.raises(InvalidError, match=r"need Milvus 2\.4 or later, and the server is Milvus 2\.3\.\d+") as e:
+        open_collection("unused", "sp", SPARSE, backend="milvus", milvus_uri=uri)
+    assert e.value.param == "kind"
+    assert not [n for n in _raw_names(uri) if n.startswith(milvus_name("sp"))]
 
 
 @pytest.mark.slow

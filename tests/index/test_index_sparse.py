@@ -2,7 +2,8 @@
 pairs, searched exactly (a scipy.sparse product) or through a real Seismic index
 (``pyseismic-lsr``); the exact search equals a brute-force numpy dot product over the stored
 rows through upserts, deletes, filters, reopening and compaction; bad rows are refused naming
-the field with nothing stored. The approximate index's recall is measured in the benchmark, not
+the field with nothing stored. On Milvus Lite (the real engine: SPARSE_FLOAT_VECTOR rows, a
+SPARSE_INVERTED_INDEX) the same rows give the exact FAISS search's top k and scores. The approximate index's recall is measured in the benchmark, not
 pinned here: these tests check what it must always keep (only live, matching documents, exact
 scores)."""
 
@@ -261,3 +262,50 @@ def test_seismic_answers_live_matching_documents_with_exact_scores(seismic_coll)
     assert hits[0].id == "new" and best not in {h.id for h in hits}
     with open_collection(approx.data_dir, "approx") as again:  # reopened: built again from the stored rows
         assert again.search(queries[:1], k=1)[0][0].id == "new"
+
+
+def test_milvus_lite_sparse_search_equals_the_exact_faiss_search(tmp_path):
+    """The same random rows, upserts and deletes in an exact FAISS sparse collection and in
+    Milvus Lite: the same top k (every hit scores > 0 here: Milvus answers documents that share
+    a token with the query), scores within float32 tolerance, with and without a filter; the
+    same rows read back and the same bytes per document."""
+    rng = np.random.default_rng(21)
+    ids = [f"d{i}" for i in range(300)]
+    rows, meta = _rows(rng, 300, 5, 40), [{"g": i % 3} for i in range(300)]
+    again, queries = _rows(rng, 30, 5, 40), _rows(rng, 12, 5, 30)
+    colls = {"faiss": open_collection(tmp_path / "f", "sp", _spec()),
+             "milvus": open_collection(tmp_path, "sp", _spec(), backend="milvus", milvus_uri=str(tmp_path / "m.db"))}
+    try:
+        for c in colls.values():
+            c.add(ids, rows, texts=ids, metadata=meta)
+            c.commit()
+            c.add(ids[:30], again, metadata=meta[:30])
+            c.delete(ids[100:120])
+            c.commit()
+        assert colls["milvus"].stats()["index_type"] == "SPARSE_INVERTED_INDEX"
+        for flt in (None, {"g": 1}):
+            for k in (1, 10):
+                want = colls["faiss"].search(queries, k=k, filter=flt)
+                got = colls["milvus"].search(queries, k=k, filter=flt)
+                for w, g in zip(want, got):
+                    assert len(g) == k and w[-1].score > 0
+                    assert [h.id for h in g] == [h.id for h in w]
+                    np.testing.assert_allclose([h.score for h in g], [h.score for h in w], rtol=1e-5)
+        for i in ("d0", "d5", "d299"):
+            a, b = colls["faiss"].get(i)["vector"], colls["milvus"].get(i)["vector"]
+            assert a["indices"].tolist() == b["indices"].tolist()
+            np.testing.assert_array_equal(a["values"], b["values"])
+        assert colls["milvus"].stats()["bytes_per_doc"] == pytest.approx(colls["faiss"].stats()["bytes_per_doc"])
+    finally:
+        for c in colls.values():
+            c.close()
+
+
+def test_seismic_is_refused_on_milvus_naming_the_factory(tmp_path):
+    """Milvus searches a sparse collection by its own inverted index: ``auto`` and ``exact``;
+    Seismic is the FAISS backend's, refused before anything is made."""
+    uri = str(tmp_path / "m.db")
+    with pytest.raises(InvalidError, match="Seismic runs on the FAISS backend only.*use 'auto' or 'exact'") as e:
+        open_collection(tmp_path, "sp", _spec("seismic:query_cut=5"), backend="milvus", milvus_uri=uri)
+    assert e.value.param == "factory"
+    assert not (tmp_path / "m.db").exists()
