@@ -36,6 +36,18 @@ the top 10 documents stay those of float32 MaxSim on the unquantized vectors.
 Prints the CPU flags it ran on, torch's capability and the load average, a markdown table with
 the ratios and the two targets (new kernel <= 2x the plain read; >= 5x faster than today's)
 marked met or missed, and writes ``bench/results/maxsim.json``.
+
+``--scan-vs-read UNIT...`` (e.g. ``avx2 vnni``) is a short run of the fused scans alone against
+the plain read, for a loaded machine (issue 52: the AVX2 scan, target exact top-10 <= 3x the plain
+read). Per round, interleaved: the plain read, each unit's scan alone (its first query codes),
+its exact top-10 of each query (the unit's scan forced, the exact step on the kernel a CPU of
+that kind runs: ``mlas-f32`` for ``avx2``) and today's top-10 on such a CPU (``mlas-f32`` on every
+document), then the read again; each time is divided by the mean of the two reads around it, and
+the medians of those ratios are reported, with the load average per round, on synthetic codes
+(``--tokens``) or on real SciFact MiniLM codes (``--real-docs``):
+
+    .venv/bin/python bench/maxsim.py --scan-vs-read avx2 vnni --tokens 1000000 --rounds 5 \
+        --out bench/results/maxsim_avx2_scan.json
 """
 
 from __future__ import annotations
@@ -59,8 +71,20 @@ RESULTS = HERE / "results" / "maxsim.json"
 TARGET_READ_RATIO, TARGET_SPEEDUP = 2.0, 5.0
 TARGET_TOPK_READ_RATIO = 3.0  # issue 34: exact top-k MaxSim <= 3x the plain read
 TOPK = 10
-UNIT_LABEL = {"amx": "AMX tiles", "vnni": "AVX-512 VNNI"}
+UNIT_LABEL = {"amx": "AMX tiles", "vnni": "AVX-512 VNNI", "avx2": "AVX2"}
 AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+
+
+def flags_of_kind(unit: str, flags: frozenset[str]) -> frozenset[str]:
+    """This CPU's flags as a CPU whose best fused scan is ``unit`` would have them (no AMX for
+    ``vnni``; no AMX nor AVX-512 for ``avx2``): the exact kernel such a CPU runs is chosen on them."""
+    if unit == "amx":
+        return flags
+    drop = AMX_FLAGS if unit == "vnni" else AMX_FLAGS | {f for f in flags if f.startswith("avx512")}
+    return frozenset(flags) - drop
+
+
+KIND = {"amx": "", "vnni": " (a CPU without AMX)", "avx2": " (an AVX2 CPU without AVX-512)"}
 
 
 # ---------------------------------------------------------------------------- before: today's kernel
@@ -224,7 +248,8 @@ def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarr
     flags = cpu_features().flags
     units = amxscan.runnable_units(flags)
     scan = kernels.resolve_scan("auto", "int8")
-    why = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), "amx" in units, "vnni" in units)[1]
+    why = kernels.choose_scan("int8", flags, int8scan.int8_matmul_is_exact(), "amx" in units, "vnni" in units,
+                              "avx2" in units)[1]
     print(f"scan for int8 top-k: {scan} -- {why}; document norms (once per segment) in {norms_s:.2f} s; "
           f"fused scans built: {amxscan.built()}, usable here: {', '.join(units) or 'none'}", flush=True)
     for label, q in (("random query", random_q), ("query with an answer", answer_q)):
@@ -260,13 +285,13 @@ def topk_rows(row, codes, scales, offs, random_q: np.ndarray, answer_q: np.ndarr
             if unit == scan:
                 continue
             st = {}
-            kern = kernels.choose("int8", frozenset(flags) - AMX_FLAGS, cpu_features().capability,
+            kern = kernels.choose("int8", flags_of_kind(unit, frozenset(flags)), cpu_features().capability,
                                   vnni_kernel=unit == "vnni")[0]
             ms = timed(lambda: int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan=unit,
                                                     kernel=kern, stats=st), reps)
             (fs, fp), = int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan=unit, kernel=kern)
             same = bool(np.array_equal(tp, fp) and np.allclose(ts, fs, rtol=1e-6, atol=1e-6))
-            row(f"exact top-{TOPK}, {unit} scan + {kern} forced (a CPU without AMX), {label}", "int8",
+            row(f"exact top-{TOPK}, {unit} scan + {kern} forced{KIND[unit]}, {label}", "int8",
                 "topk-forced", ms, scan=unit, kernel=kern, query=label, first_scan_survivors=st["second_scan"][0],
                 rescored_exactly=st["rescored"][0], documents=int(len(offs) - 1), same_as_today=same)
             if not same:
@@ -480,6 +505,128 @@ def run(args) -> dict:
             "rows": rows, "accuracy": acc, "real_topk": real_topk, "targets": targets(rows)}
 
 
+def scan_vs_read(args) -> dict:
+    """``--scan-vs-read``: the fused scans of ``args.scan_vs_read`` against the plain read, each
+    time as a ratio to the reads around it in the same round (module docstring)."""
+    info = machine()
+    cpu = cpu_features()
+    flags = frozenset(cpu.flags)
+    print(f"CPU: {info['cpu']} x{info['cpus']}; flags {' '.join(info['cpu_flags'])}; torch {info['torch_cpu_capability']}; "
+          f"load average at start {info['loadavg_start']}", flush=True)
+    missing = [u for u in args.scan_vs_read if not amxscan.available(unit=u)]
+    if missing:
+        raise SystemExit(f"not runnable here: {', '.join(missing)} (usable: {', '.join(amxscan.runnable_units())})")
+    rng = np.random.default_rng(0)
+    if args.real_docs:
+        docs, queries = real_tokens(args.real_docs, args.queries)
+        offs = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        codes, scales = quantize(np.concatenate(docs), "int8")
+        data = f"real SciFact MiniLM codes, {len(docs):,} abstracts, {len(queries)} test queries"
+        del docs
+    else:
+        codes, scales, offs = synthetic(args.tokens, args.dim, rng)
+        mu_q = rng.standard_normal((args.query_tokens, args.dim)).astype(np.float32)
+        queries = [mu_q / np.linalg.norm(mu_q, axis=1, keepdims=True),
+                   answer_query(codes, scales, offs, rng, args.query_tokens)]
+        data = "synthetic near-tied codes: a random query and a query with an answer"
+    norms = int8scan.doc_norms(codes, offs, scales)
+    print(f"{data}: {len(codes):,} tokens in {len(offs) - 1:,} documents, {codes.nbytes / 1e9:.2f} GB int8", flush=True)
+    ref = [int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan="exact")[0] for q in queries]
+    kern = {u: kernels.choose("int8", flags_of_kind(u, flags), cpu.capability, amx_kernel=u == "amx",
+                              vnni_kernel=u == "vnni")[0] for u in args.scan_vs_read}
+    # today's exact top-10 on a CPU of the first unit's kind: its exact kernel on every document
+    today_kernel = kern[args.scan_vs_read[0]]
+
+    def clock(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+    def read() -> float:
+        return clock(lambda: codes.view(np.uint64).max())
+
+    cases: dict[str, dict] = {}
+
+    def case(name: str, **meta) -> dict:
+        return cases.setdefault(name, {"case": name, **meta, "ms": [], "over_read": []})
+
+    stats: dict = {}
+    for fn in (read, lambda: int8scan.maxsim_topk([queries[0]], codes, offs, scales, TOPK, norms=norms,
+                                                  scan=args.scan_vs_read[0])):
+        fn()  # warm-up: pages, threads, the exact kernel's session
+    loads = []
+    for rnd in range(args.rounds):
+        before, timed_ = read(), []
+        for unit in args.scan_vs_read:
+            first = int8scan.SCAN_CODES[unit][0]
+            timed_.append((case(f"{unit} scan alone, {first} query code{'s' * (first > 1)}", unit=unit, kind="scan"),
+                           clock(lambda: int8scan.bound_scan([queries[0]], codes, offs, scales, norms, n_codes=first,
+                                                             engine=unit))))
+            for qi, q in enumerate(queries):
+                ms = clock(lambda: int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan=unit,
+                                                        kernel=kern[unit], stats=stats))
+                (s, p), = int8scan.maxsim_topk([q], codes, offs, scales, TOPK, norms=norms, scan=unit, kernel=kern[unit])
+                if not (np.array_equal(p, ref[qi][1]) and np.allclose(s, ref[qi][0], rtol=1e-6, atol=1e-6)):
+                    raise SystemExit(f"the {unit} scan's top-{TOPK} differs from exact MaxSim's on query {qi}")
+                c = case(f"exact top-{TOPK}, {unit} scan + {kern[unit]}{KIND[unit]}", unit=unit, kind="topk",
+                         kernel=kern[unit])
+                c.setdefault("rescored", []).append(stats["rescored"][0])
+                timed_.append((c, ms))
+        for q in queries[:args.today_queries]:
+            timed_.append((case(f"exact top-{TOPK}, today on such a CPU ({today_kernel} on every document)",
+                                kind="today", kernel=today_kernel),
+                           clock(lambda: int8scan.maxsim_topk([q], codes, offs, scales, TOPK, scan="exact",
+                                                              kernel=today_kernel))))
+        after = read()
+        r = (before + after) / 2
+        case("plain read (view(uint64).max())", kind="read")["ms"].append(r)
+        for c, ms in timed_:
+            c["ms"].append(ms)
+            c["over_read"].append(ms / r)
+        loads.append(os.getloadavg())
+        print(f"  round {rnd + 1}/{args.rounds}: read {r:.1f} ms; load {loads[-1][0]:.2f}; "
+              + "; ".join(f"{c.get('unit', 'today')} {c['kind']} {ms / r:.2f}x" for c, ms in timed_), flush=True)
+    rows = []
+    for c in cases.values():
+        row_ = {k: v for k, v in c.items() if k not in ("ms", "over_read", "rescored")}
+        row_.update(ms_median=round(statistics.median(c["ms"]), 2), timings=len(c["ms"]))
+        if c["over_read"]:
+            row_.update(over_read_median=round(statistics.median(c["over_read"]), 2),
+                        over_read_min=round(min(c["over_read"]), 2), over_read_max=round(max(c["over_read"]), 2))
+        if "rescored" in c:
+            row_.update(rescored_median=float(np.median(c["rescored"])), rescored_max=int(max(c["rescored"])))
+        rows.append(row_)
+    info["loadavg_end"] = os.getloadavg()
+    info["loadavg_rounds"] = loads
+    topk = {r_["unit"]: r_["over_read_median"] for r_ in rows if r_["kind"] == "topk"}
+    return {"mode": "scan-vs-read", "machine": info, "all_cpu_flags": sorted(flags), "data": data,
+            "config": {"tokens": int(len(codes)), "documents": int(len(offs) - 1), "int8_bytes": int(codes.nbytes),
+                       "queries": len(queries), "rounds": args.rounds, "units": args.scan_vs_read,
+                       "scan_codes": {u: list(int8scan.SCAN_CODES[u]) for u in args.scan_vs_read}},
+            "rows": rows, "same_top10": True,
+            "targets": {u: {"topk_over_read": v, "target": TARGET_TOPK_READ_RATIO, "met": v <= TARGET_TOPK_READ_RATIO}
+                        for u, v in topk.items()}}
+
+
+def scan_table(res: dict) -> str:
+    lines = ["| case | ms (median) | ÷ plain read, same round (median) | min–max | scored exactly (median) |",
+             "|---|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        ratio = "1.0" if r["kind"] == "read" else f"{r['over_read_median']:.2f}"
+        spread = "" if r["kind"] == "read" else f"{r['over_read_min']:.2f}–{r['over_read_max']:.2f}"
+        resc = f"{r['rescored_median']:,.0f} of {res['config']['documents']:,}" if "rescored_median" in r else ""
+        lines.append(f"| {r['case']} | {r['ms_median']:,.1f} | {ratio} | {spread} | {resc} |")
+    for u, t in res["targets"].items():
+        lines += ["", f"exact top-{TOPK} through the {u} scan: {t['topk_over_read']:.2f}x the plain read "
+                      f"(target ≤ {t['target']:.0f}: {'met' if t['met'] else '**missed**'})"]
+    m, c = res["machine"], res["config"]
+    lines += ["", f"{res['data']}; every top {TOPK} equal to exact MaxSim's (documents and scores)",
+              f"{m['cpu']}, {m['cpus']} CPUs, flags {', '.join(m['cpu_flags'])}; torch {m['torch_cpu_capability']}; "
+              f"load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end; "
+              f"{c['tokens']:,} tokens ({c['int8_bytes'] / 1e9:.2f} GB int8), {c['rounds']} rounds"]
+    return "\n".join(lines)
+
+
 def targets(rows: list[dict]) -> dict:
     """The issues' targets, on int8 codes and one 32-token query."""
     read = next((r["ms_per_query"] for r in rows if r["kind"] == "read" and r["precision"] == "int8"), None)
@@ -488,7 +635,7 @@ def targets(rows: list[dict]) -> dict:
         if r["kind"] in ("topk-new", "topk-forced") and read:
             today = next(x["ms_per_query"] for x in rows if x["kind"] == "topk-today" and x["case"].endswith(r["query"]))
             ratio = r["ms_per_query"] / read
-            label = r["query"] if r["kind"] == "topk-new" else f"{r['query']}, {r['scan']} scan forced (a CPU without AMX)"
+            label = r["query"] if r["kind"] == "topk-new" else f"{r['query']}, {r['scan']} scan forced{KIND[r['scan']]}"
             topk[label] = {"new_over_read": round(ratio, 2), "target": TARGET_TOPK_READ_RATIO,
                                 "met": ratio <= TARGET_TOPK_READ_RATIO, "today_over_read": round(today / read, 2),
                                 "speedup_vs_today": round(today / r["ms_per_query"], 2),
@@ -544,7 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--query-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--real-docs", type=int, default=256, help="SciFact abstracts for the accuracy check (0: none)")
+    ap.add_argument("--real-docs", type=int, default=None,
+                    help="SciFact abstracts for the accuracy check (0: none; default 256), or with --scan-vs-read "
+                         "the corpus scanned instead of synthetic codes (default: none)")
     ap.add_argument("--no-candidates", action="store_true", help="skip the torch/OpenVINO/FAISS candidates")
     ap.add_argument("--no-batch", action="store_true", help="skip the 8-query batches")
     ap.add_argument("--no-float16", action="store_true", help="int8 codes only")
@@ -552,9 +701,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the per-kernel rows (every kernel of index/kernels.py by name)")
     ap.add_argument("--codes-sweep", action="store_true",
                     help="exact top-10 with the AMX scan for other (first, second) query-code counts")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--scan-vs-read", nargs="+", metavar="UNIT", choices=amxscan.UNITS,
+                    help="only these fused scans against the plain read, interleaved per round (module docstring)")
+    ap.add_argument("--rounds", type=int, default=5, help="--scan-vs-read: rounds")
+    ap.add_argument("--queries", type=int, default=10, help="--scan-vs-read with --real-docs: SciFact test queries")
+    ap.add_argument("--today-queries", type=int, default=1,
+                    help="--scan-vs-read: queries per round also timed on today's path (the exact kernel on every document)")
+    ap.add_argument("--out", type=Path, default=None, help="the JSON (default bench/results/maxsim.json, "
+                    "maxsim_scan_vs_read.json with --scan-vs-read)")
     args = ap.parse_args(argv)
-    return finish(run(args), args.out, table)
+    if args.real_docs is None:
+        args.real_docs = 0 if args.scan_vs_read else 256
+    if args.scan_vs_read:
+        return finish(scan_vs_read(args), args.out or RESULTS.with_name("maxsim_scan_vs_read.json"), scan_table)
+    return finish(run(args), args.out or RESULTS, table)
 
 
 def finish(res: dict, out: Path, render) -> int:
