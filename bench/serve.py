@@ -136,9 +136,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run_cell(host: str, port: int, path: str, texts: list[str], concurrency: int,
-                   model: str) -> dict:
-    """Send each text as its own request from ``concurrency`` clients; latency and throughput."""
-    bodies = [json.dumps({"input": [t], "model": model}).encode() for t in texts]
+                   model: str, *, text_field: str = "input", fields: dict | None = None) -> dict:
+    """Send each text as its own request from ``concurrency`` clients; latency and throughput.
+
+    Each body is ``{text_field: [text], "model": model, **fields}`` (``/v1/embeddings``' shape by
+    default; ``text_field="inputs"`` for ``POST /embed``, ``fields`` e.g. ``{"pooler": "splade"}``)."""
+    bodies = [json.dumps({text_field: [t], "model": model, **(fields or {})}).encode() for t in texts]
     todo = iter(range(len(bodies)))
     lat: list[float] = []
     statuses: dict[int, int] = {}
