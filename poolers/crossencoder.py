@@ -46,7 +46,7 @@ import torch
 from embedpool.errors import InvalidError
 from embedpool.poolers.encoder import EncoderStats, resolve_model
 from embedpool.poolers.pipeline import EmbedOptions, EmbedResult, Workload
-from embedpool.poolers.stack import local_snapshot, read_model_file
+from embedpool.poolers.stack import LOADING, local_snapshot, read_model_file
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ class CrossEncoderModel:
 
         hf_logging.disable_progress_bar()
         self.model_id, path = resolve_model(model)
-        ce = CrossEncoder(local_snapshot(path), device="cpu", local_files_only=True)
+        with LOADING:  # see poolers.stack.LOADING
+            ce = CrossEncoder(local_snapshot(path), device="cpu", local_files_only=True)
         self.model = ce.model
         if self.model is None or not type(self.model).__name__.endswith("ForSequenceClassification"):
             raise InvalidError(f"model {self.model_id!r} is a CrossEncoder of another kind "

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from embedpool.errors import InvalidError
 from embedpool.poolers.base import Pooler, register
+from embedpool.poolers.stack import LOADING
 from embedpool.poolers.states import TokenStates
 
 _HEADS: dict[str, tuple[nn.Module, int]] = {}  # model path -> (MLM head, vocabulary size)
@@ -70,7 +71,8 @@ def _load_head(path: str, model_id: str) -> tuple[nn.Module, int]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the load report lists the base model's own unused weights
     try:
-        model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=True, output_loading_info=True)
+        with LOADING:  # see poolers.stack.LOADING
+            model, info = AutoModelForMaskedLM.from_pretrained(path, local_files_only=True, output_loading_info=True)
     except (OSError, ValueError, KeyError) as exc:
         raise InvalidError(f"{refusal} cannot be loaded as one ({exc})") from None
     finally:

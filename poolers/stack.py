@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,13 @@ def is_multi_vector(path: str) -> bool:
     return any("pylate." in str(m.get("type", "")) or "MultiVectorMask" in str(m.get("type", ""))
                for m in (modules if isinstance(modules, list) else []))
 
+
+#: Held by every load of weights in embedpool (a server loads its models in parallel threads).
+#: transformers' ``from_pretrained`` patches classes for the whole process while it loads
+#: (``initialization.no_tie_weights`` swaps ``PreTrainedModel.tie_weights`` for a no-op and puts
+#: back what it found): two loads that overlap can put the no-op back for good, after which every
+#: tied MLM head (SPLADE's decoder) loads with its weights reported missing.
+LOADING = threading.RLock()
 
 @dataclass(frozen=True)
 class SpecialTemplate:
@@ -170,7 +178,8 @@ class ModelStack:
         multi = is_multi_vector(path)
         kind = MultiVectorEncoder if multi else SentenceTransformer
         try:
-            model = kind(path, device=device, local_files_only=True, truncate_dim=truncate_dim)
+            with LOADING:
+                model = kind(path, device=device, local_files_only=True, truncate_dim=truncate_dim)
         except OSError as exc:  # not a folder and not in the local cache
             raise NotFoundError(
                 f"model {path!r} is neither a local folder nor in the local Hugging Face cache; "

@@ -88,3 +88,29 @@ def test_eval_scores_sparse_retrieval_exactly(splade_embedder):
     exact = ev.score_runs(qrels, {"exact": run})["exact"]["per_query"]["ndcg@10"]
     assert report["per_query"]["splade"] == pytest.approx(exact, abs=1e-12)
     assert report["results"][0]["bytes_per_doc"] >= 4 * D.shape[1]  # stored dense: exact, not compact
+
+
+def test_models_loaded_in_parallel_threads_keep_their_tied_heads(splade_model):
+    """A server loads its models in threads at once. transformers swaps
+    ``PreTrainedModel.tie_weights`` for a no-op while it loads and puts back what it found, so two
+    overlapping loads could leave the no-op for good, and every later MLM head (SPLADE's tied
+    decoder) loaded as missing: loads hold ``poolers.stack.LOADING``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import PreTrainedModel
+
+    from embedpool.poolers.splade import _load_head
+    from embedpool.poolers.stack import ModelStack
+
+    path = splade_model[0]
+    original = PreTrainedModel.tie_weights
+
+    def load(i: int) -> int:
+        if i % 2:
+            ModelStack.load(path)
+            return 0
+        return _load_head(path, "tiny")[1]  # refuses a head whose decoder weights are missing
+
+    with ThreadPoolExecutor(3) as pool:
+        assert set(pool.map(load, range(6))) == {0, splade_model[1][0].auto_model.config.vocab_size}
+    assert PreTrainedModel.tie_weights is original
