@@ -477,6 +477,16 @@ def slice_beir(data: BeirData, max_docs: int | None = None, max_queries: int | N
     return BeirData(corpus, {q: data.queries[q] for q in qrels}, qrels, data.name, info)
 
 
+def dev_split(dev: BeirData, data: BeirData) -> BeirData:
+    """``dev``'s queries and judgments over ``data``'s corpus (a slice of it): the judgments of
+    documents not in it dropped, then the queries left with none; queries ``data`` reports on are
+    left out too (a labelled dev split for choosing a setting, never the reported queries)."""
+    ids = {r.id for r in data.corpus}
+    qrels = {q: {d: s for d, s in rel.items() if d in ids} for q, rel in dev.qrels.items() if q not in data.qrels}
+    qrels = {q: rel for q, rel in qrels.items() if rel}
+    return BeirData(data.corpus, {q: dev.queries[q] for q in qrels}, qrels, dev.name, dev.info)
+
+
 # ---------------------------------------------------------------------------------- STS
 def load_sts(folder: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
     """``(sentence1, sentence2, score)`` of ``<folder>/<split>.tsv``, in file order."""

@@ -167,8 +167,9 @@ class Search:
         k: results per query.
         filter: a metadata filter (:mod:`index.filters`), applied inside the search.
         vector_mode / fusion / weight: ``hybrid``: the vector mode fused with BM25 (multi-vector
-            collections; a single-vector collection has one), ``rrf`` or ``score`` fusion, and
-            the vector side's weight (1: vectors only, 0: BM25 only).
+            collections; a single-vector collection has one), ``rrf``, ``score`` or ``zscore``
+            fusion, and the vector side's weight (1: vectors only, 0: BM25 only); ``None``: the
+            collection's tuned fusion or weight, else ``rrf`` / 0.5 (:meth:`index.CollectionBase.search`).
     """
 
     collection: CollectionBase
@@ -179,8 +180,8 @@ class Search:
     k_token: int = 32
     filter: Any = None
     vector_mode: str = "exhaustive"
-    fusion: str = "rrf"
-    weight: float = 0.5
+    fusion: str | None = None
+    weight: float | None = None
 
     def __post_init__(self) -> None:
         self.filter = parse_filter(self.filter)  # a bad filter fails before anything is embedded

@@ -26,7 +26,7 @@ from .base import (ALL_MODES, LEXICAL_MODES, SEARCH_MODES, STATS_KEYS, Capabilit
                    companion_refusal)
 from .faiss import FaissCollection
 from .filters import parse_filter
-from .fusion import FUSIONS
+from .fusion import FUSIONS, TUNED_PROPERTY, fuse, tuned_entry
 from .lexical import LANGUAGES, canonical_analyzer
 from .maxsim import bytes_per_vector, dequantize, maxsim_scores, quantize
 from .sparse import check_sparse_rows, parse_sparse_factory
@@ -38,6 +38,7 @@ __all__ = [
     "FaissCollection", "CollectionBase", "MilvusCollection", "CollectionSpec", "Hit",
     "open_collection", "list_collections", "delete_collection", "read_collection_manifest", "storage_status",
     "BACKENDS", "READ_CONSISTENCY", "Capabilities", "SEARCH_MODES", "LEXICAL_MODES", "ALL_MODES", "FUSIONS",
+    "TUNED_PROPERTY", "fuse", "tuned_entry",
     "STATS_KEYS", "companion_refusal", "parse_filter", "canonical_analyzer", "LANGUAGES",
     "FORMAT_VERSION", "maxsim_scores", "quantize", "dequantize", "bytes_per_vector",
     "check_document", "check_unicode", "INT_MIN", "INT_MAX", "MAX_ID_BYTES", "MAX_METADATA_BYTES",

@@ -35,7 +35,7 @@ import numpy as np
 
 from embedpool.errors import ConflictError, InvalidError, NotFoundError
 from .filters import Node, parse_filter
-from .fusion import DEPTH, check_fusion, fuse
+from .fusion import DEFAULT_FUSION, DEFAULT_WEIGHT, DEPTH, TUNED_PROPERTY, check_fusion, fuse, stored_fusion
 from .sparse import check_sparse_rows
 from .spec import CollectionSpec, check_name
 from .validate import (
@@ -396,7 +396,7 @@ class CollectionBase(ABC):
     def search(self, queries: Any = None, k: int = 10, *, mode: str = "exhaustive", candidates: int = 100,
                k_token: int = 32, companion_queries: Any = None, companion_pooler: str | None = None,
                filter: Any = None, texts: Sequence[str] | None = None,
-               vector_mode: str = "exhaustive", fusion: str = "rrf", weight: float = 0.5,
+               vector_mode: str = "exhaustive", fusion: str | None = None, weight: float | None = None,
                depth: int = DEPTH) -> list[list[Hit]]:
         """Top-k documents per query.
 
@@ -424,8 +424,10 @@ class CollectionBase(ABC):
                 query term), whatever the index.
             texts: the query texts, one per query (``bm25`` and ``hybrid``).
             vector_mode: ``hybrid`` on a multi-vector collection: its vector mode.
-            fusion, weight: ``hybrid``: ``rrf`` or ``score`` fusion and the vector side's weight
-                (:mod:`index.fusion`); ``depth``: how many hits of each side are fused.
+            fusion, weight: ``hybrid``: ``rrf``, ``score`` or ``zscore`` fusion and the vector
+                side's weight (:mod:`index.fusion`); either left ``None`` is the one tuned for this
+                collection and ``vector_mode`` (:meth:`tuned_fusion`), else ``rrf`` / 0.5;
+                ``depth``: how many hits of each side are fused.
 
         Returns:
             ``q`` lists of :class:`Hit`, best first. Scores: inner product (single ``ip``),
@@ -441,6 +443,9 @@ class CollectionBase(ABC):
             texts = self._check_texts(texts)
             if mode == "bm25":
                 return self._search_lexical(texts, k, flt) if texts else []
+            if fusion is None or weight is None:
+                tuned = self.tuned_fusion(vector_mode) or (DEFAULT_FUSION, DEFAULT_WEIGHT)
+                fusion, weight = (tuned[0] if fusion is None else fusion), (tuned[1] if weight is None else weight)
             fusion, weight = check_fusion(fusion, weight)
             if vector_mode not in SEARCH_MODES:
                 raise InvalidError(f"vector_mode={vector_mode!r}: hybrid fuses BM25 with one of "
@@ -455,6 +460,12 @@ class CollectionBase(ABC):
             return [fuse(v, x, k, fusion, weight, lower_is_better=lower) for v, x in zip(vec, lex)]
         return self._search_vectors(queries, k, mode, candidates, k_token, companion_queries,
                                     companion_pooler, flt)
+
+    def tuned_fusion(self, vector_mode: str = "exhaustive") -> tuple[str, float] | None:
+        """The ``(fusion, weight)`` tuned for hybrid search with ``vector_mode`` and stored in the
+        collection's :data:`index.fusion.TUNED_PROPERTY` (``embedpool eval`` with a tuned
+        fusion), or ``None``."""
+        return stored_fusion(self.get_property(TUNED_PROPERTY), vector_mode)
 
     def _check_texts(self, texts: Any) -> list[str]:
         if not self.spec.lexical:

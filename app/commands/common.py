@@ -21,14 +21,28 @@ def add_candidate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-token", type=int, default=32, help="tokens mode: ANN neighbours per query token")
 
 
-def add_fusion_args(p: argparse.ArgumentParser) -> None:
-    """Hybrid search: ``--fusion`` and ``--weight`` (index.fusion)."""
+def add_fusion_args(p: argparse.ArgumentParser, evaluation: bool = False) -> None:
+    """Hybrid search: ``--fusion`` and ``--weight`` (index.fusion); ``evaluation``: several
+    fusions, a tuned weight (app.evaluation.fusion) and ``--tune-split``."""
     from embedpool.index import FUSIONS
 
-    p.add_argument("--fusion", choices=FUSIONS, default="rrf",
-                   help="hybrid: reciprocal rank fusion (rrf, default) or min-max normalized score fusion (score)")
-    p.add_argument("--weight", type=float, default=0.5,
-                   help="hybrid: the vector side's weight, 0 (BM25 only) to 1 (vectors only); default 0.5")
+    if evaluation:
+        p.add_argument("--fusion", default="rrf", metavar="LIST",
+                       help=f"hybrid rows: comma-separated fusions ({', '.join(FUSIONS)}), a row each; NAME:tuned "
+                            "chooses its weight on --tune-split's queries and stores it in the collection "
+                            "(default rrf)")
+        p.add_argument("--weight", type=float, default=0.5,
+                       help="hybrid: the vector side's weight, 0 (BM25 only) to 1 (vectors only); default 0.5")
+        p.add_argument("--tune-split", default="train", metavar="SPLIT",
+                       help="the labelled dev split (same corpus) a NAME:tuned fusion chooses its weight on "
+                            "(default train; never the reported --split)")
+        return
+    p.add_argument("--fusion", choices=FUSIONS, default=None,
+                   help="hybrid: reciprocal rank fusion (rrf), min-max (score) or z-score (zscore) normalized score "
+                        "fusion; default: the fusion tuned for the collection (embedpool eval), else rrf")
+    p.add_argument("--weight", type=float, default=None,
+                   help="hybrid: the vector side's weight, 0 (BM25 only) to 1 (vectors only); default: the weight "
+                        "tuned for the collection, else 0.5")
 
 
 def add_job_args(p: argparse.ArgumentParser, commit_every: int) -> None:

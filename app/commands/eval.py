@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--markdown", metavar="FILE", help="Markdown table")
     p.add_argument("--plot", metavar="FILE", help="PNG plot of the metric against bytes per document")
     add_candidate_args(p)
-    add_fusion_args(p)
+    add_fusion_args(p, evaluation=True)
     p.add_argument("--companion-pooler", "--companion", dest="companion_pooler", default="auto", metavar="SPEC",
                    help="two_stage: pooler of the companion the multi-vector collections keep (mean, fde for MUVERA "
                         "fixed-dimensional encodings, or their per-window forms such as mean:per_window=true); "
@@ -114,6 +114,17 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
     elif args.max_docs:
         raise InvalidError("--max-docs does not apply to --synthetic-long; use --max-queries", param="--max-docs")
 
+    dev = None
+    if any(":tuned" in f for f in args.fusion.split(",")) and ("hybrid" in modes):
+        if not args.data:
+            raise InvalidError("a tuned fusion needs a dev split of the same corpus: use --data (synthetic long "
+                               "documents are built per split)", param="--fusion")
+        if args.tune_split == args.split:
+            raise InvalidError(f"--tune-split {args.tune_split}: the weight is never chosen on the reported split "
+                               "(--split)", param="--tune-split")
+        dev = datasets.dev_split(datasets.load_beir(args.data, args.tune_split), data)
+        log(f"{data.name} {args.tune_split} (dev): {len(dev.qrels)} queries")
+
     def one(embedder, name: str | None) -> dict:
         index_dir = str(Path(args.index_dir) / name) if args.index_dir and name else args.index_dir
         common = dict(modes=modes, baseline=args.baseline, stat_test=args.stat_test,
@@ -122,7 +133,7 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
                       fusion=args.fusion, weight=args.weight,
                       **job_options(args))
         if args.data:
-            return ev.evaluate_retrieval(embedder, data, args.poolers, **common)
+            return ev.evaluate_retrieval(embedder, data, args.poolers, dev=dev, **common)
         return ev.evaluate_synthetic_long(
             embedder, data, args.poolers, args.distractors,
             n_queries=args.max_queries if args.max_queries is not None else 100, seed=args.seed,

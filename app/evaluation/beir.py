@@ -11,8 +11,10 @@ tests come from ``ranx`` (:mod:`app.evaluation.scoring`).
 
 Modes ``bm25`` and ``hybrid`` add the lexical baseline and the fusion beside every pooler: one
 ``bm25`` row (the collections' lexical index, the same in every collection), and per pooler (per
-vector mode of a multi-vector one) a hybrid row fusing it with BM25 (``fusion``, ``weight``).
-A hybrid row also carries paired p-values against its own vector row and against BM25.
+vector mode of a multi-vector one) a hybrid row per fusion fusing it with BM25 (``fusion``,
+``weight``; a ``NAME:tuned`` fusion's weight is chosen on the ``dev`` split's queries and stored
+in the collection, :mod:`app.evaluation.fusion`). A hybrid row also carries paired p-values
+against its own vector row and against BM25.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from typing import Any
 
 from embedpool.app.datasets import BeirData
 from embedpool.app.timed_embedding import embed_by_plan
+from embedpool.app.evaluation.fusion import FusionChoice, parse_fusions, tune_weight
 from embedpool.app.evaluation.scoring import METRICS, score_runs
 from embedpool.app.indexing import IndexJob
 from embedpool.app.retrieval import Embedding, Search, embedding_calls
 from embedpool.errors import InvalidError
-from embedpool.index import ALL_MODES, SEARCH_MODES
+from embedpool.index import ALL_MODES, SEARCH_MODES, TUNED_PROPERTY, tuned_entry
 
 DEPTH = 100
 BM25 = "bm25"
@@ -46,12 +49,17 @@ class Variant:
     multi: bool
     hybrid: bool = False  # BM25 fused with this vector variant
     vector: str | None = None  # hybrid: the label of its vector-only variant
+    fusion: FusionChoice | None = None  # hybrid: how
+    named: bool = False  # hybrid: the fusion is in the label and the mode (several fusions, or a tuned one)
 
 
-def _variants(embedder, poolers: list[str], modes: list[str]) -> list[Variant]:
+def _variants(embedder, poolers: list[str], modes: list[str],
+              fusions: list[FusionChoice] | None = None) -> list[Variant]:
     """Per pooler, a row per vector mode of ``modes`` (one for single-vector poolers; exhaustive
-    if ``modes`` names none); with ``hybrid``, the same rows fused with BM25, after them; with
-    ``bm25``, one BM25 row, first."""
+    if ``modes`` names none); with ``hybrid``, the same rows fused with BM25 (one per fusion of
+    ``fusions``), after them; with ``bm25``, one BM25 row, first."""
+    fusions = fusions or [FusionChoice("rrf")]
+    named = len(fusions) > 1 or fusions[0].tuned
     vmodes = [m for m in modes if m in SEARCH_MODES] or ["exhaustive"]
     out, seen = [], set()
     if BM25 in modes:
@@ -67,7 +75,10 @@ def _variants(embedder, poolers: list[str], modes: list[str]) -> list[Variant]:
             label = f"{p} [{m}]" if multi else p
             out.append(Variant(label, p, c, m, multi))  # hybrid rows are tested against it
             if "hybrid" in modes:
-                hybrids.append(Variant(f"{p} [hybrid {m}]" if multi else f"{p} [hybrid]", p, c, m, multi, True, label))
+                for f in fusions:
+                    how = f"hybrid {m}" if multi else "hybrid"
+                    how += f" {f.name}" if named else ""
+                    hybrids.append(Variant(f"{p} [{how}]", p, c, m, multi, True, label, f, named))
     return out + hybrids
 
 
@@ -155,12 +166,13 @@ def _check(poolers: list[str], modes) -> list[str]:
 
 
 def _searches(job: IndexJob, variants: list[Variant], model_dim, candidates: int,
-              k_token: int, fusion: str = "rrf", weight: float = 0.5) -> dict[str, Search]:
+              k_token: int, weights: dict[str, float]) -> dict[str, Search]:
     def search(v: Variant) -> Search:
         vmode = v.mode if v.multi else "exhaustive"
         mode = BM25 if v.mode == BM25 else "hybrid" if v.hybrid else vmode
         return Search(job.targets[v.canonical].coll, model_dim, k=DEPTH, mode=mode, candidates=candidates,
-                      k_token=k_token, vector_mode=vmode, fusion=fusion, weight=weight)
+                      k_token=k_token, vector_mode=vmode, fusion=v.fusion.fusion if v.fusion else "rrf",
+                      weight=weights.get(v.label, 0.5))
 
     return {v.label: search(v) for v in variants}
 
@@ -181,7 +193,7 @@ def _run(search: Search, queries: QueryVectors, latency_queries: int) -> tuple[d
 
 
 def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, embedder,
-         lat: list[float]) -> dict[str, Any]:
+         lat: list[float], tuned: dict | None = None) -> dict[str, Any]:
     st = search.collection.stats()
     bpd = float(st["bytes_per_doc"]) if search.query is not None else None  # BM25: its index is not counted
     enc_q = queries.seconds[search.query] if search.query is not None else 0.0
@@ -200,14 +212,19 @@ def _row(v: Variant, search: Search, encode_s: float, queries: QueryVectors, emb
            "search_ms": 1000 * statistics.fmean(lat) if lat else None,
            "search_p50_ms": 1000 * statistics.median(lat) if lat else None}
     row["query_latency_ms"] = row["query_encode_single_ms"] + (row["search_ms"] or 0)
+    if v.hybrid:
+        row.update(fusion=search.fusion, weight=search.weight, tuned=tuned)
+        if v.named:
+            row["mode"] += f" {search.fusion} w={search.weight:g}" + (" tuned" if tuned else "")
     return row
 
 
 def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: QueryVectors, *,
-                candidates: int, k_token: int, latency_queries: int, log, fusion: str = "rrf",
-                weight: float = 0.5) -> tuple[dict, dict, dict]:
+                candidates: int, k_token: int, latency_queries: int, log, weights: dict[str, float],
+                tuned: dict[str, dict] | None = None) -> tuple[dict, dict, dict]:
     """Embed the queries (what is missing) and search every variant: ``(runs, rows, timings)``."""
-    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token, fusion, weight)
+    tuned = tuned or {}
+    searches = _searches(job, variants, embedder.natural_dim, candidates, k_token, weights)
     t_q = time.perf_counter()
     queries.ensure(embedder, [e for s in searches.values() for e in s.embeddings()])
     timings = {"queries_s": time.perf_counter() - t_q}
@@ -216,11 +233,44 @@ def _search_all(embedder, job: IndexJob, variants: list[Variant], queries: Query
     for v in variants:
         runs[v.label], lat = _run(searches[v.label], queries, latency_queries)
         encode_s = job.targets[v.canonical].encode_seconds
-        rows[v.label] = _row(v, searches[v.label], encode_s, queries, embedder, lat)
+        rows[v.label] = _row(v, searches[v.label], encode_s, queries, embedder, lat, tuned.get(v.label))
         ms = rows[v.label]["search_ms"]
         log(f"searched {v.label}" + ("" if ms is None else f": {ms:.1f} ms/query"))
     timings["search_s"] = time.perf_counter() - t_s
     return runs, rows, timings
+
+
+def _tune(embedder, job: IndexJob, variants: list[Variant], dev: BeirData, candidates: int, k_token: int,
+          log) -> tuple[dict[str, float], dict[str, dict]]:
+    """Each tuned hybrid variant's weight, chosen on ``dev``'s queries (same corpus), and stored
+    in its collection per vector mode (the best on ``dev`` where several fusions are tuned)."""
+    qids = [q for q in dev.qrels if dev.qrels[q]]
+    queries = QueryVectors(qids, [dev.queries[q] for q in qids], 0)
+    weights, about, best = {}, {}, {}
+    for v in variants:
+        if not (v.hybrid and v.fusion.tuned):
+            continue
+        coll = job.targets[v.canonical].coll
+        vmode = v.mode if v.multi else "exhaustive"
+        sides = [Search(coll, embedder.natural_dim, k=DEPTH, mode=m, candidates=candidates, k_token=k_token)
+                 for m in (vmode, BM25)]
+        queries.ensure(embedder, [e for s in sides for e in s.embeddings()])
+        vec, lex = (s.run(queries.vectors, texts=queries.texts) for s in sides)
+        lower = coll.spec.kind == "single" and coll.spec.metric == "l2"
+        w, by_weight = tune_weight(dev.qrels, qids, vec, lex, v.fusion.fusion, lower_is_better=lower)
+        weights[v.label] = w
+        about[v.label] = {"split": dev.info.get("split"), "queries": len(qids), "dev_ndcg@10": by_weight[w],
+                          "dev_ndcg@10_by_weight": by_weight}
+        log(f"tuned {v.label} on {len(qids)} {dev.info.get('split')} queries: weight {w:g} "
+            f"(dev nDCG@10 {by_weight[w]:.4f}; at 0.5 {by_weight[0.5]:.4f})")
+        key = (v.canonical, vmode)
+        if key not in best or by_weight[w] > best[key][0]:
+            best[key] = (by_weight[w], coll, vmode, v.fusion.fusion, w, len(qids), dev.info.get("split"))
+    for ndcg, coll, vmode, fusion, w, n, split in best.values():
+        coll.set_property(TUNED_PROPERTY, tuned_entry(coll.get_property(TUNED_PROPERTY), vmode, fusion, w,
+                                                      split=split, queries=n, dev_ndcg=round(ndcg, 6)))
+        coll.commit()
+    return weights, about
 
 
 def _hybrid_p_values(qrels: dict, runs: dict, variants: list[Variant], stat_test: str) -> dict[str, dict]:
@@ -254,6 +304,7 @@ def _results(variants: list[Variant], base: Variant, rows: dict, scores: dict, e
                     **{k: r[k] for k in ("documents", "vectors", "vectors_per_doc", "encode_s",
                                          "query_encode_ms", "query_encode_single_ms", "search_ms", "search_p50_ms",
                                          "query_latency_ms")},
+                    **{k: r[k] for k in ("fusion", "weight", "tuned") if k in r},
                     **(extra or {})})
     return out
 
@@ -265,8 +316,8 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
                        commit_every: int = 500, storage_precision: str = "float32",
                        progress: bool = True, query_vectors: QueryVectors | None = None,
                        log: Callable[[str], None] | None = None, extra: dict | None = None,
-                       latency_queries: int = 32, fusion: str = "rrf", weight: float = 0.5,
-                       **job_options: Any) -> dict[str, Any]:
+                       latency_queries: int = 32, fusion: str | list[str] = "rrf", weight: float = 0.5,
+                       dev: BeirData | None = None, **job_options: Any) -> dict[str, Any]:
     """Index ``data.corpus`` with every pooler, search every query, score with ranx.
 
     ``job_options``: further :class:`app.indexing.IndexJob` settings (``batch_tokens``,
@@ -275,12 +326,19 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
     ``query_vectors``: queries embedded by an earlier call on the same queries (their ids must
     be ``data.qrels``'s), completed and reused here.
 
+    ``fusion``: the hybrid rows' fusions (:func:`app.evaluation.fusion.parse_fusions`; a tuned
+    one's weight is chosen on ``dev``: other queries and qrels over the same corpus).
+
     Returns the report: ``{"task": "retrieval", ..., "results": [row, ...]}`` with one row per
     pooler (and per mode for multi-vector poolers)."""
     log = log or (lambda m: None)
     modes = _check(poolers, modes)
-    variants = _variants(embedder, poolers, modes)
+    fusions = parse_fusions(fusion)
+    variants = _variants(embedder, poolers, modes, fusions)
     base = _baseline(embedder, variants, baseline)
+    tuning = any(v.hybrid and v.fusion.tuned for v in variants)
+    if tuning and dev is None:
+        raise InvalidError("a tuned fusion needs a dev split (--tune-split) of the same corpus", param="--fusion")
     need_companion = any(v.multi and v.mode == "two_stage" for v in variants)
     qids = list(data.qrels)
     queries = query_vectors or QueryVectors(qids, [data.queries[q] for q in qids], latency_queries)
@@ -296,9 +354,15 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
             summary = job.run(data.corpus, total=len(data.corpus))
             timings = {"index_s": time.perf_counter() - t0}
             log(f"indexed {len(data.corpus)} documents in {timings['index_s']:.1f}s")
+            weights, tuned = {v.label: weight for v in variants if v.hybrid}, {}
+            if tuning:
+                t_t = time.perf_counter()
+                more_weights, tuned = _tune(embedder, job, variants, dev, candidates, k_token, log)
+                weights.update(more_weights)
+                timings["tune_s"] = time.perf_counter() - t_t
             runs, rows, more = _search_all(embedder, job, variants, queries, candidates=candidates,
                                            k_token=k_token, latency_queries=latency_queries, log=log,
-                                           fusion=fusion, weight=weight)
+                                           weights=weights, tuned=tuned)
             timings.update(more)
     t_m = time.perf_counter()
     scores = score_runs(data.qrels, runs, baseline=base.label, stat_test=stat_test)
@@ -313,5 +377,8 @@ def evaluate_retrieval(embedder, data: BeirData, poolers: list[str], *, modes: l
                       "docs_per_s": summary["docs_per_s"], "tokens_per_s": summary["tokens_per_s"]},
             "timings": {k: round(v, 2) for k, v in timings.items()},
             "per_query": {v.label: scores[v.label]["per_query"]["ndcg@10"] for v in variants},
-            "fusion": {"fusion": fusion, "weight": weight} if any(v.hybrid for v in variants) else None,
+            "fusion": ({"fusion": ",".join(f.name for f in fusions), "weight": weight,
+                        "tuned": {k: {x: t[x] for x in ("split", "queries", "dev_ndcg@10")} | {"weight": weights[k]}
+                                  for k, t in tuned.items()} or None}
+                       if any(v.hybrid for v in variants) else None),
             "results": _results(variants, base, rows, scores, extra, hybrid_p)}

@@ -548,10 +548,12 @@ class SearchRequest(Strict):
     filter: dict[str, Any] | None = Field(None, description=FILTER_DOC)
     vector_mode: Literal[SEARCH_MODES] = Field("exhaustive", description="hybrid on a multi-vector collection: "
                                                                          "the vector mode fused with BM25")
-    fusion: Literal[FUSIONS] = Field("rrf", description="hybrid: reciprocal rank fusion (`rrf`) or min-max "
-                                                        "normalized score fusion (`score`)")
-    weight: float = Field(0.5, ge=0.0, le=1.0, description="hybrid: the vector side's weight (Weaviate's alpha): "
-                                                           "1 vectors only, 0 BM25 only")
+    fusion: Literal[FUSIONS] | None = Field(None, description=(
+        "hybrid: reciprocal rank fusion (`rrf`), min-max (`score`) or z-score (`zscore`) normalized score fusion; "
+        "default: the fusion tuned for the collection (`embedpool eval`), else `rrf`"))
+    weight: float | None = Field(None, ge=0.0, le=1.0, description=(
+        "hybrid: the vector side's weight (Weaviate's alpha): 1 vectors only, 0 BM25 only; default: the weight "
+        "tuned for the collection, else 0.5"))
     candidates: StrictInt = Field(100, ge=1, le=10000, description="two_stage: candidates from the companion")
     k_token: StrictInt = Field(32, ge=1, le=1024, description="tokens: neighbours per query token")
     include_text: StrictBool = True

@@ -184,3 +184,63 @@ def test_sts_eval_on_a_slice(embedder, data_dir, tmp_path):
     assert rows["cls"]["spearman"] < rows["mean"]["spearman"] and 0 < rows["cls"]["p_value"] <= 1
     ev.write_outputs(report, tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png")
     assert json.loads((tmp_path / "r.json").read_text())["results"][0]["spearman"] == rows["mean"]["spearman"]
+
+
+def _beir_folder(src: datasets.BeirData, train: datasets.BeirData, root, n: int = 6, others: int = 8):
+    """A small BEIR folder from SciFact: the documents judged for ``n`` test and ``n`` train
+    queries plus ``others``, with both splits' qrels."""
+    test_q, train_q = list(src.qrels)[:n], list(train.qrels)[:n]
+    keep = {d for q in test_q for d in src.qrels[q]} | {d for q in train_q for d in train.qrels[q]}
+    keep |= set([r.id for r in src.corpus if r.id not in keep][:others])
+    (root / "qrels").mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for r in src.corpus:
+            if r.id in keep:
+                f.write(json.dumps({"_id": r.id, "title": "", "text": r.text}) + "\n")
+    with open(root / "queries.jsonl", "w") as f:
+        for q in test_q:
+            f.write(json.dumps({"_id": q, "text": src.queries[q]}) + "\n")
+        for q in train_q:
+            f.write(json.dumps({"_id": q, "text": train.queries[q]}) + "\n")
+    for name, data, qs in (("test", src, test_q), ("train", train, train_q)):
+        (root / "qrels" / f"{name}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q in qs for d, s in data.qrels[q].items()))
+    return root
+
+
+def test_a_tuned_fusion_chooses_its_weight_on_the_dev_split_and_the_collection_keeps_it(
+        embedder, scifact, data_dir, tmp_path, monkeypatch, capsys):
+    """--fusion rrf,zscore:tuned: a hybrid row per fusion; the tuned one's weight is chosen on the
+    train queries, stored in the collection, and a hybrid search of it that names no fusion (the
+    service's default) scores the tuned row's nDCG@10 on the test queries. Tuning on the reported
+    split is refused."""
+    from embedpool.app import cli
+    from embedpool.app.commands import eval as eval_cmd
+    from embedpool.app.evaluation.fusion import GRID
+    from embedpool.app.retrieval import Search, retrieve
+    from embedpool.index import open_collection
+
+    folder = _beir_folder(scifact, datasets.load_beir(data_dir / "scifact", "train"), tmp_path / "beir")
+    monkeypatch.setattr(eval_cmd, "load_embedder", lambda settings: embedder)
+    out, idx = tmp_path / "report.json", tmp_path / "idx"
+    args = ["eval", "--data", str(folder), "--latency-queries", "1", "--pooler", "mean", "--mode", "bm25,hybrid",
+            "--fusion", "rrf,zscore:tuned", "--index-dir", str(idx), "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    report = json.loads(out.read_text())
+    rows = {r["label"]: r for r in report["results"]}
+    assert list(rows) == ["bm25", "mean", "mean [hybrid rrf]", "mean [hybrid zscore:tuned]"]
+    rrf, tuned = rows["mean [hybrid rrf]"], rows["mean [hybrid zscore:tuned]"]
+    assert (rrf["fusion"], rrf["weight"], rrf["tuned"]) == ("rrf", 0.5, None)
+    assert tuned["fusion"] == "zscore" and tuned["weight"] in GRID and tuned["tuned"]["split"] == "train"
+    assert tuned["tuned"]["queries"] == 6 and 0 <= tuned["p_vs_bm25"] <= 1 and 0 <= tuned["p_vs_vector"] <= 1
+    data = datasets.load_beir(folder, "test")
+    with open_collection(idx, "eval") as coll:
+        assert coll.tuned_fusion() == ("zscore", tuned["weight"])
+        qids = list(data.qrels)
+        hits = retrieve(embedder, [data.queries[q] for q in qids], Search(coll, embedder.natural_dim, k=100,
+                                                                          mode="hybrid"))
+    run = {q: {h.id: h.score for h in hs} for q, hs in zip(qids, hits)}
+    assert ev.score_runs(data.qrels, {"r": run})["r"]["metrics"]["ndcg@10"] == pytest.approx(tuned["ndcg@10"])
+    capsys.readouterr()
+    assert cli.main([*args, "--tune-split", "test"]) == 2
+    assert "never chosen on the reported split" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from embedpool.errors import InvalidError
-from embedpool.index import CollectionSpec, delete_collection, parse_filter
+from embedpool.index import TUNED_PROPERTY, CollectionSpec, delete_collection, parse_filter, tuned_entry
 from index_testutil import naive_maxsim, rand_docs, rand_unit
 from test_index_contract import _open, milvus_uri, where  # noqa: F401  (fixtures)
 
@@ -291,7 +291,7 @@ def _bm25_and_hybrid(where, corpus):
         assert {h.id for h in rare} == {f"d{i}" for i in range(N) if i % 1000 == 7}
         q = rand_unit(np.random.default_rng(3), 2, DIM)
         texts = ["wolf bear", "cat"]
-        for fusion in ("rrf", "score"):
+        for fusion in ("rrf", "score", "zscore"):
             vec = coll.search(q, k=10, filter={"year": {"$lt": 2010}})
             lex = coll.search(k=10, mode="bm25", texts=texts, filter={"year": {"$lt": 2010}})
             for w, alone in ((1.0, vec), (0.0, lex)):
@@ -304,7 +304,9 @@ def _bm25_and_hybrid(where, corpus):
 
 @LEXICAL
 def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
-    """RRF and min-max score fusion, recomputed here from the two sides' own rankings."""
+    """RRF, min-max and z-score fusion, recomputed here from the two sides' own rankings; a
+    fusion tuned for the collection (a stored property) is what a search that names none uses,
+    after a reopen too."""
     coll = _open(where, "hy", MULTI)
     try:
         _fill(coll, corpus)
@@ -312,12 +314,13 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
         qs, text = rand_docs(rng, 1, DIM, 2, 3), ["lion tiger"]
         vec = coll.search(qs, k=100)[0]
         lex = coll.search(k=100, mode="bm25", texts=text)[0]
-        for fusion, w in (("rrf", 0.5), ("rrf", 0.8), ("score", 0.3)):
+        for fusion, w in (("rrf", 0.5), ("rrf", 0.8), ("score", 0.3), ("zscore", 0.5), ("zscore", 0.2)):
             fused: dict[str, float] = {}
             for hits, weight in ((vec, w), (lex, 1 - w)):
                 s = [h.score for h in hits]
                 part = ([1 / (60 + r) for r in range(1, len(hits) + 1)] if fusion == "rrf"
-                        else [(x - min(s)) / (max(s) - min(s)) for x in s])
+                        else [(x - min(s)) / (max(s) - min(s)) for x in s] if fusion == "score"
+                        else [(x - min(s)) / float(np.std(s)) for x in s])
                 for h, p in zip(hits, part):
                     fused[h.id] = fused.get(h.id, 0) + weight * p
             want = sorted(fused.items(), key=lambda t: -t[1])[:10]
@@ -332,6 +335,18 @@ def test_hybrid_fuses_the_two_rankings_as_the_formulas_say(where, corpus):
                 [h.id for h in alone[0]]
             assert [h.id for h in coll.search(qs, k=10, mode="hybrid", texts=text, weight=0, **kw)[0]] == \
                 [h.id for h in lex[:10]]
+        def hybrid(c, **kw):
+            return [(h.id, h.score) for h in c.search(qs, k=10, mode="hybrid", texts=text, **kw)[0]]
+
+        assert coll.tuned_fusion() is None and hybrid(coll) == hybrid(coll, fusion="rrf", weight=0.5)
+        coll.set_property(TUNED_PROPERTY, tuned_entry(None, "exhaustive", "zscore", 0.3, split="dev"))
+        coll.commit()
+        coll.close()
+        coll = _open(where, "hy", MULTI)
+        assert coll.tuned_fusion("exhaustive") == ("zscore", 0.3) and coll.tuned_fusion("two_stage") is None
+        assert hybrid(coll) == hybrid(coll, fusion="zscore", weight=0.3) != hybrid(coll, fusion="rrf", weight=0.5)
+        assert hybrid(coll, weight=0.7) == hybrid(coll, fusion="zscore", weight=0.7)  # what is named wins
+        assert hybrid(coll, fusion="rrf") == hybrid(coll, fusion="rrf", weight=0.3)
         with pytest.raises(InvalidError, match="weight"):
             coll.search(qs, mode="hybrid", texts=text, weight=1.5)
         with pytest.raises(InvalidError, match="fusion"):
