@@ -123,6 +123,9 @@ def _evaluation(args: argparse.Namespace, modes: list[str], log):
             raise InvalidError(f"--tune-split {args.tune_split}: the weight is never chosen on the reported split "
                                "(--split)", param="--tune-split")
         dev = datasets.dev_split(datasets.load_beir(args.data, args.tune_split), data)
+        if not dev.qrels:
+            raise InvalidError(f"--tune-split {args.tune_split}: none of its queries judges a document of this "
+                               "corpus (or slice); nothing to choose a weight on", param="--tune-split")
         log(f"{data.name} {args.tune_split} (dev): {len(dev.qrels)} queries")
 
     def one(embedder, name: str | None) -> dict:
