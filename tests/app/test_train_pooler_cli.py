@@ -36,6 +36,15 @@ def _beir(beir):
     return beir
 
 
+def sts_and_beir(folder):
+    """An STS folder (train 8, dev 5 pairs) and a BEIR folder side by side in ``folder``."""
+    sts = folder / "sts"
+    sts.mkdir()
+    _sts(sts, "train", 8)
+    _sts(sts, "dev", 5)
+    return sts, _beir(folder / "beir")
+
+
 def test_train_on_sts_with_a_dev_split_and_on_beir(embedder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
     sts = tmp_path / "sts"
@@ -173,11 +182,7 @@ def test_defaults_follow_the_objective_and_a_folder_beside_guards(embedder, tmp_
     from embedpool.poolers.training import OBJECTIVE_DEFAULTS
 
     monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
-    sts = tmp_path / "sts"
-    sts.mkdir()
-    _sts(sts, "train", 8)
-    _sts(sts, "dev", 5)
-    beir = _beir(tmp_path / "beir")
+    sts, beir = sts_and_beir(tmp_path)
     (tmp_path / "unrelated").mkdir()
 
     def train(*flags: str) -> dict:

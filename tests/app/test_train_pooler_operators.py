@@ -8,16 +8,12 @@ import json
 
 from embedpool.app import cli
 from embedpool.app.commands import train_pooler as cmd
-from test_train_pooler_cli import _beir, _sts  # noqa: E402  (tests/app is on sys.path)
+from test_train_pooler_cli import sts_and_beir  # noqa: E402  (tests/app is on sys.path)
 
 
 def test_train_pooler_generalized_and_gem_heads(embedder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cmd, "load_embedder", lambda settings: embedder)
-    sts = tmp_path / "sts"
-    sts.mkdir()
-    _sts(sts, "train", 8)
-    _sts(sts, "dev", 5)
-    beir = _beir(tmp_path / "beir")
+    sts, beir = sts_and_beir(tmp_path)
     runs = {  # retrieval pairs guarded by STS with the anchor; STS pairs with a dev split; ggem's --heads
         "mixed": ["--data", str(beir), "--guard-sts", str(sts), "--anchor", "0.5"],
         "gated": ["--sts", str(sts), "--dev-split", "dev", "--no-guard"],
