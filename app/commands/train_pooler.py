@@ -88,8 +88,9 @@ def _register(sub, name: str) -> None:
                    help="attention heads: each pools its own slice of the state dimensions (must divide it); "
                         "reinpool: the policy's self-attention heads")
     p.add_argument("--no-value-projection", action="store_true", help="train the scoring only")
-    p.add_argument("--roles", choices=["shared", "separate"], default="shared",
-                   help="one head for queries and documents, or a separate head for each (--data/--corpus)")
+    p.add_argument("--roles", choices=["shared", "separate"], default=None,
+                   help="one head for queries and documents, or a separate head for each (--data/--corpus; "
+                        "default: separate for query/document pairs where the head has them, else shared)")
     p.add_argument("--select", choices=["metric", "loss"], default="metric",
                    help="keep the checkpoint with the best dev metric (nDCG@10 / Spearman; default) or dev loss; "
                         "the untrained head (= mean) is a candidate too")
@@ -276,12 +277,13 @@ def _states(encoder, train: Texts, others: list[Texts | None], cache: Path, all_
 def _config(args: argparse.Namespace, objective: str):
     """The training configuration: the flags given, and the objective's defaults
     (:data:`poolers.training.OBJECTIVE_DEFAULTS`) for those left out."""
-    from embedpool.poolers.training import OBJECTIVE_DEFAULTS, TrainConfig
+    from embedpool.poolers.training import OBJECTIVE_DEFAULTS, TrainConfig, default_roles
 
     tuned = {k: v for k, v in OBJECTIVE_DEFAULTS[objective].items() if getattr(args, k) is None}
     given = {k: getattr(args, k) for k in OBJECTIVE_DEFAULTS[objective] if getattr(args, k) is not None}
     return TrainConfig(objective=objective, pooler=args.pooler, queries=args.queries, heads=args.heads,
-                       roles=args.roles, value_projection=not args.no_value_projection, epochs=args.epochs,
+                       roles=args.roles or default_roles(objective, args.pooler),
+                       value_projection=not args.no_value_projection, epochs=args.epochs,
                        batch_size=args.batch_size, weight_decay=args.weight_decay, temperature=args.temperature,
                        seed=args.seed, dev_fraction=args.dev_fraction, select=args.select, anchor=args.anchor,
                        layer_lr=args.layer_lr, guard_tolerance=args.guard_tolerance, samples=args.samples,
@@ -310,7 +312,7 @@ def _summary(args: argparse.Namespace, out: Path, train: Texts, dev: Texts | Non
     return {
         "out": str(out), "pooler": f"{args.pooler}:weights={out}", "pairs": len(train.pairs),
         "dev_pairs": len(dev.pairs) if dev else None,
-        "objective": train.objective, "roles": args.roles, "select": args.select, "anchor": args.anchor,
+        "objective": train.objective, "roles": cfg.roles, "select": args.select, "anchor": args.anchor,
         "lr": cfg.lr, "cosent_scale": cfg.cosent_scale, "eval_every": cfg.eval_every, "patience": cfg.patience,
         "dev": (f"{args.dev_split} split" if args.dev_split
                 else f"{args.dev_fraction:.0%} of the ICT pairs" if args.corpus

@@ -192,9 +192,11 @@ def test_defaults_follow_the_objective_and_a_folder_beside_guards(embedder, tmp_
 
     summary = train("--sts", str(sts), "--dev-split", "dev")
     assert {k: summary[k] for k in OBJECTIVE_DEFAULTS["cosent"]} == OBJECTIVE_DEFAULTS["cosent"]
+    assert summary["roles"] == "shared"
     assert summary["guard"] == f"{beir} train" and summary["guard_rule"].startswith("significant")
     summary = train("--data", str(beir), "--lr", "0.01", "--guard-tolerance", "0.5")
     assert summary["lr"] == 0.01 and summary["patience"] == OBJECTIVE_DEFAULTS["infonce"]["patience"]
+    assert summary["roles"] == "separate"  # query/document pairs: a head for each by default
     assert summary["guard"] == f"{sts} dev" and summary["guard_rule"] == "more than 0.5 below"
     summary = train("--data", str(beir), "--no-guard")
     assert "guard" not in summary
