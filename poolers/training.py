@@ -557,6 +557,7 @@ class DevItems:
 
 GUARD_ALPHA = 0.05
 BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_CHUNK_ENTRIES = 1 << 22
 
 
 def significantly_below(now: DevItems, before: DevItems, alpha: float = GUARD_ALPHA) -> tuple[bool, float]:
@@ -577,18 +578,24 @@ def significantly_below(now: DevItems, before: DevItems, alpha: float = GUARD_AL
     from scipy.stats import rankdata
 
     rng = np.random.default_rng(0)
-    picks = rng.integers(0, len(now.values), size=(BOOTSTRAP_RESAMPLES, len(now.values)))
+    n = len(now.values)
+    # resamples in chunks of at most BOOTSTRAP_CHUNK_ENTRIES indices: memory stays bounded whatever
+    # the guard split's size (1,000 resamples of a 100,000-pair split would be 800 MB an array)
+    per_chunk = max(1, BOOTSTRAP_CHUNK_ENTRIES // max(1, n))
+    diffs = []
+    for start in range(0, BOOTSTRAP_RESAMPLES, per_chunk):
+        picks = rng.integers(0, n, size=(min(per_chunk, BOOTSTRAP_RESAMPLES - start), n))
+        b = rankdata(now.gold[picks], axis=1)
+        b -= b.mean(1, keepdims=True)
 
-    b = rankdata(now.gold[picks], axis=1)
-    b -= b.mean(1, keepdims=True)
+        def spearman(x: np.ndarray) -> np.ndarray:
+            a = rankdata(x[picks], axis=1)
+            a -= a.mean(1, keepdims=True)
+            with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one gold value: no correlation
+                return np.nan_to_num((a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1)))
 
-    def spearman(x: np.ndarray) -> np.ndarray:
-        a = rankdata(x[picks], axis=1)
-        a -= a.mean(1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one gold value: no correlation
-            return np.nan_to_num((a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1)))
-
-    diff = spearman(now.values) - spearman(before.values)
+        diffs.append(spearman(now.values) - spearman(before.values))
+    diff = np.concatenate(diffs)
     p = float((np.count_nonzero(diff >= 0) + 1) / (BOOTSTRAP_RESAMPLES + 1))
     return bool(p < alpha), p
 

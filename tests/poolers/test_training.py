@@ -405,3 +405,17 @@ def test_the_default_guard_refuses_a_significant_loss_only():
         below, p = significantly_below(now, before)
         assert below == expect
         assert p == pytest.approx(ttest_rel(now.values, before.values, alternative="less").pvalue)
+
+
+def test_the_bootstrap_guard_is_the_same_in_chunks(monkeypatch):
+    """Resamples are drawn in chunks bounded in entries (memory bounded whatever the guard split's
+    size); small chunks give the same decision on a clear loss and on no loss."""
+    import embedpool.poolers.training as training
+
+    rng = np.random.default_rng(5)
+    gold = rng.uniform(0, 5, 300)
+    good = DevItems(gold + rng.normal(0, 1.0, 300), gold)
+    worse = DevItems(gold + rng.normal(0, 3.0, 300), gold)
+    whole = [significantly_below(worse, good)[0], significantly_below(good, good)]
+    monkeypatch.setattr(training, "BOOTSTRAP_CHUNK_ENTRIES", 300 * 7)  # 7 resamples a chunk
+    assert [significantly_below(worse, good)[0], significantly_below(good, good)] == whole == [True, (False, 1.0)]
